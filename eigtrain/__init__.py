@@ -1,0 +1,3 @@
+"""eigtrain: distributed pretraining of ordered representations (eigenfunctions with eigenvalues)."""
+
+__version__ = "0.1.0"
