@@ -1,0 +1,122 @@
+"""The shared forward pass of every objective: check, fp32, moments, one all-reduce, masked loss."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .moments import all_reduce_sum
+from .nesting import Nesting
+
+
+class Objective(nn.Module):
+    """Base class. A family defines `defaults`, `moments` (local sums) and `combine` (loss from sums).
+
+    moments(f, g, sequential, ctx) -> dict of local batch sums (tensors); summed over ranks.
+    combine(stats, own) -> (loss, terms); own=True uses the sequential ("own") masks.
+    """
+
+    name = "objective"
+    defaults: dict[str, Any] = {}
+    split_batch = False  # split-batch (even/odd) estimators need an even local batch
+    default_pairs = False
+    allows_pairs = True
+
+    def __init__(self, dim: int, nesting: Nesting, distributed: bool = True, pairs: bool | None = None, **coefficients):
+        super().__init__()
+        unknown = sorted(set(coefficients) - set(self.defaults))
+        if unknown:
+            allowed = ", ".join(self.defaults) or "none"
+            raise ValueError(f"unknown coefficient(s) {unknown} for objective {self.name!r}; allowed: {allowed}")
+        self.coef = {**self.defaults, **coefficients}
+        self.dim, self.nesting, self.distributed = dim, nesting, distributed
+        self.pairs = self.default_pairs if pairs is None else bool(pairs)
+        if self.pairs and not self.allows_pairs:
+            raise ValueError(f"objective {self.name!r} is defined for one encoder on two views only (pairs=False)")
+
+    # -- masks -------------------------------------------------------------------------------
+    def register_masks(self, name: str, g: Callable[[int], float] | None = None) -> None:
+        """Buffers <name>_vec/<name>_mat for the nested sum, and the sequential ("own") versions."""
+        for own in (False, True):
+            vec, mat = self.nesting.masks(g, own=own)
+            tag = "own_" if own else ""
+            self.register_buffer(f"{tag}{name}_vec", vec, persistent=False)
+            self.register_buffer(f"{tag}{name}_mat", mat, persistent=False)
+
+    def mask(self, name: str, own: bool, like: torch.Tensor, matrix: bool = False) -> torch.Tensor:
+        tensor = getattr(self, f"{'own_' if own else ''}{name}_{'mat' if matrix else 'vec'}")
+        return tensor.to(like.dtype)
+
+    # -- forward -----------------------------------------------------------------------------
+    def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        self.check_inputs(z1, z2)
+        dtype = torch.float64 if z1.dtype == torch.float64 else torch.float32
+        with torch.autocast(device_type=z1.device.type, enabled=False):
+            return self._loss(z1.to(dtype), z2.to(dtype))
+
+    def check_inputs(self, z1: torch.Tensor, z2: torch.Tensor) -> None:
+        for label, z in (("z1", z1), ("z2", z2)):
+            if z.ndim != 2 or z.shape[1] != self.dim:
+                raise ValueError(f"{label} must have shape (batch, {self.dim}), got {tuple(z.shape)}")
+        if z1.shape[0] != z2.shape[0]:
+            raise ValueError(f"z1 and z2 must have the same batch size, got {z1.shape[0]} and {z2.shape[0]}")
+        if z1.shape[0] < 2:
+            raise ValueError(f"objective {self.name!r} needs a local batch of at least 2, got {z1.shape[0]}")
+        if self.split_batch and z1.shape[0] % 2:
+            raise ValueError(
+                f"objective {self.name!r} splits each local batch into even/odd halves and needs an even "
+                f"local batch size, got {z1.shape[0]}"
+            )
+
+    def prepare(self, f: torch.Tensor, g: torch.Tensor):
+        """Feature transforms before the moments (normalization, centering); returns (f, g, ctx)."""
+        return f, g, None
+
+    def global_mean(self, *zs: torch.Tensor) -> torch.Tensor:
+        """Mean over the global batch of the given (pooled) tensors, differentiable."""
+        s = {"sum": sum(z.sum(0) for z in zs), "n": zs[0].new_tensor(float(sum(len(z) for z in zs)))}
+        s = all_reduce_sum(s, self.distributed)
+        return s["sum"] / s["n"]
+
+    def center(self, f: torch.Tensor, g: torch.Tensor):
+        """Remove the constant mode: pooled mean for one encoder, one mean per side for pairs."""
+        if self.pairs:
+            return f - self.global_mean(f), g - self.global_mean(g)
+        mean = self.global_mean(f, g)
+        return f - mean, g - mean
+
+    def spectrum_features(self, f, g, ctx):
+        return f, g
+
+    def _loss(self, f: torch.Tensor, g: torch.Tensor):
+        f, g, ctx = self.prepare(f, g)
+        stats = self.moments(f, g, False, ctx)
+        if self.nesting.sequential:
+            stats.update({"seq." + k: v for k, v in self.moments(f, g, True, ctx).items()})
+        sf, sg = (z.detach() for z in self.spectrum_features(f, g, ctx))
+        stats.update({"spec.fg": (sf * sg).sum(0), "spec.ff": sf.pow(2).sum(0), "spec.gg": sg.pow(2).sum(0)})
+
+        stats = all_reduce_sum(stats, self.distributed)
+        loss, terms = self.combine(stats, own=False)
+        if self.nesting.sequential:
+            seq = {k[4:]: v for k, v in stats.items() if k.startswith("seq.")}
+            surrogate, _ = self.combine(seq, own=True)
+            # The value of the nested sum, the gradient of the stop-gradient (sequential) surrogate.
+            loss = loss.detach() + (surrogate - surrogate.detach())
+
+        terms = {k: v.detach() for k, v in terms.items()}
+        denom = (stats["spec.ff"] * stats["spec.gg"]).sqrt().clamp_min(torch.finfo(f.dtype).tiny)
+        terms["eigenvalues"] = (stats["spec.fg"] / denom).detach()
+        return loss, terms
+
+    def moments(self, f, g, sequential: bool, ctx) -> dict[str, torch.Tensor]:  # pragma: no cover
+        raise NotImplementedError
+
+    def combine(self, stats: dict[str, torch.Tensor], own: bool):  # pragma: no cover
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        coef = ", ".join(f"{k}={v}" for k, v in self.coef.items())
+        return f"dim={self.dim}, nesting={self.nesting.mode}, pairs={self.pairs}" + (f", {coef}" if coef else "")
