@@ -1,0 +1,203 @@
+"""Rayleigh-Ritz core: exact streaming merges, exact recovery on finite kernels, the paper's algorithms."""
+
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from eigtrain.rayleigh_ritz import RRAccumulator, solve
+
+F64 = torch.float64
+
+
+def _symmetric_pairs(states=7, n=4000, seed=0):
+    """Pairs (a, a') from a random symmetric joint, each drawn pair added in both orders, so the
+    empirical joint is symmetric and its kernel is known exactly (it is the data's own kernel)."""
+    rng = np.random.default_rng(seed)
+    w = rng.random((states, states)) ** 3 + np.eye(states) * 2.0
+    p = (w + w.T) / (w + w.T).sum()
+    idx = rng.choice(states * states, size=n, p=p.ravel())
+    a, b = idx // states, idx % states
+    return np.concatenate([a, b]), np.concatenate([b, a])
+
+
+def _empirical_eigenfunctions(a, b, states):
+    """Eigenvalues (descending) and eigenfunctions psi[state, i] of the empirical kernel, orthonormal in L2(p)."""
+    joint = np.zeros((states, states))
+    np.add.at(joint, (a, b), 1.0)
+    joint /= joint.sum()
+    p = joint.sum(1)
+    bmat = joint / np.sqrt(np.outer(p, p))
+    lam, u = np.linalg.eigh(bmat)
+    order = np.argsort(lam)[::-1]
+    return lam[order], u[:, order] / np.sqrt(p)[:, None]
+
+
+def _stream(acc, z1, z2, batch=333):
+    for s in range(0, len(z1), batch):
+        acc.update(z1[s : s + batch], z2[s : s + batch])
+    return acc
+
+
+def _assert_same_functions(got, want, atol):
+    """Columns equal up to one sign per column."""
+    signs = np.sign((got * want).sum(0))
+    np.testing.assert_allclose(got * signs, want, atol=atol)
+
+
+def test_streaming_and_merge_are_exact():
+    gen = torch.Generator().manual_seed(0)
+    z1 = torch.randn(1000, 5, generator=gen, dtype=F64) * 3 + 100.0  # large mean: centered sums keep precision
+    z2 = z1 @ torch.randn(5, 5, generator=gen, dtype=F64) + 7.0
+    whole = RRAccumulator(5)
+    whole.update(z1, z2)
+    streamed = _stream(RRAccumulator(5), z1, z2, batch=37)
+    left, right = _stream(RRAccumulator(5), z1[:611], z2[:611]), _stream(RRAccumulator(5), z1[611:], z2[611:])
+    left.merge(right)
+    for acc in (streamed, left):
+        assert acc.n == 1000
+        for key in ("mean_f", "mean_g", "c_ff", "c_gg", "c_fg"):
+            torch.testing.assert_close(getattr(acc, key), getattr(whole, key), rtol=1e-11, atol=1e-8)
+    centered = z1 - z1.mean(0)
+    torch.testing.assert_close(whole.c_ff, centered.T @ centered, rtol=1e-11, atol=1e-8)
+
+
+@pytest.mark.parametrize("center", [False, True])
+def test_generalized_recovers_eigenpairs_from_any_invertible_mix(center):
+    states, d = 7, 3
+    a, b = _symmetric_pairs(states)
+    lam, psi = _empirical_eigenfunctions(a, b, states)
+    first = 1 if center else 0  # centering removes the constant mode, so give it the next d modes
+    rng = np.random.default_rng(1)
+    mix = rng.normal(size=(d, d)) + 2 * np.eye(d)
+    offset = rng.normal(size=d) if center else np.zeros(d)
+    table = psi[:, first : first + d] @ mix + offset  # an arbitrary embedding of each state
+    acc = _stream(RRAccumulator(d), torch.from_numpy(table[a]), torch.from_numpy(table[b]))
+    res = solve(acc, "generalized", center=center)
+    np.testing.assert_allclose(res.eigenvalues.numpy(), lam[first : first + d], atol=1e-10)
+    features = res.apply(torch.from_numpy(table)).numpy()
+    _assert_same_functions(features, psi[:, first : first + d], atol=1e-9)
+    if not center:
+        assert abs(res.eigenvalues[0].item() - 1.0) < 1e-12  # the constant mode, kept
+
+
+def test_svd_recovers_singular_pairs():
+    rng = np.random.default_rng(2)
+    nx, na, d = 6, 5, 3
+    p = rng.random((nx, na)) ** 2
+    p /= p.sum()
+    idx = rng.choice(nx * na, size=6000, p=p.ravel())
+    x, y = idx // na, idx % na
+    joint = np.zeros((nx, na))
+    np.add.at(joint, (x, y), 1.0)
+    joint /= joint.sum()
+    px, pa = joint.sum(1), joint.sum(0)
+    u, s, vh = np.linalg.svd(joint / np.sqrt(np.outer(px, pa)))
+    phi, psi = u[:, :d] / np.sqrt(px)[:, None], vh[:d].T / np.sqrt(pa)[:, None]
+    tx, ta = phi @ rng.normal(size=(d, d)), psi @ rng.normal(size=(d, d))
+    acc = _stream(RRAccumulator(d, pairs=True), torch.from_numpy(tx[x]), torch.from_numpy(ta[y]))
+    res = solve(acc, "svd")
+    np.testing.assert_allclose(res.eigenvalues.numpy(), s[:d], atol=1e-10)
+    fx, fa = res.apply(torch.from_numpy(tx)).numpy(), res.apply_right(torch.from_numpy(ta)).numpy()
+    signs = np.sign((fx * phi).sum(0))
+    np.testing.assert_allclose(fx * signs, phi, atol=1e-9)
+    np.testing.assert_allclose(fa * signs, psi, atol=1e-9)  # left and right signs agree
+
+
+def _paper_reference(z1, z2, mode, batch=333):
+    """Appendix F, Algorithms F.1 (RQ), F.2 (VICReg), F.3 (SCL), as streaming numpy loops."""
+    d = z1.shape[1]
+    cnt, bmat, mean = 0, np.zeros((d, d)), np.zeros(d)
+    for s in range(0, len(z1), batch):
+        f, g = z1[s : s + batch], z2[s : s + batch]
+        m = len(f)
+        if mode == "paper-rq":
+            bmat = (cnt * bmat + f.T @ g) / (cnt + m)
+        elif mode == "paper-lora":
+            bmat = (2 * cnt * bmat + f.T @ f + g.T @ g) / (2 * cnt + 2 * m)
+        else:  # F.2 estimates the centered cross moment; computed here in closed form at the end
+            mean = (cnt * mean + 0.5 * (f + g).sum(0)) / (cnt + m)
+        cnt += m
+    if mode == "paper-vicreg":
+        bmat = (z1 - mean).T @ (z2 - mean) / len(z1)
+    lam, u = np.linalg.eigh((bmat + bmat.T) / 2)
+    lam, u = lam[::-1], u[:, ::-1]
+    if mode == "paper-lora":
+        return lam, u / np.sqrt(lam), np.zeros(d)
+    return lam, u, mean
+
+
+@pytest.mark.parametrize("mode", ["paper-rq", "paper-vicreg", "paper-lora"])
+def test_paper_modes_reproduce_appendix_f(mode):
+    a, b = _symmetric_pairs(seed=3)
+    rng = np.random.default_rng(4)
+    table = rng.normal(size=(7, 4)) + 0.5
+    z1, z2 = table[a], table[b]
+    lam, transform, mean = _paper_reference(z1, z2, mode)
+    res = solve(_stream(RRAccumulator(4), torch.from_numpy(z1), torch.from_numpy(z2)), mode)
+    np.testing.assert_allclose(res.eigenvalues.numpy(), lam, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(res.mean.numpy(), mean, atol=1e-12)
+    _assert_same_functions(res.transform.numpy(), transform, atol=1e-9)
+
+
+def test_singular_gram_is_a_clear_error_or_ridge_regularized():
+    z1 = torch.randn(200, 3, dtype=F64)
+    z2 = z1 + 0.1 * torch.randn_like(z1)
+    duplicate = lambda z: torch.cat([z, z[:, :1]], 1)  # noqa: E731  (a dead, repeated dimension)
+    acc = RRAccumulator(4)
+    acc.update(duplicate(z1), duplicate(z2))
+    with pytest.raises(ValueError, match="singular or ill-conditioned.*ridge"):
+        solve(acc)
+    res = solve(acc, ridge=1e-6)
+    assert torch.isfinite(res.eigenvalues).all() and torch.isfinite(res.transform).all()
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: solve(RRAccumulator(3), "pca"), "mode='pca' is unknown"),
+        (lambda: solve(RRAccumulator(3), "svd"), "use 'svd' for two encoders"),
+        (lambda: solve(RRAccumulator(3)), "at least 2 pairs"),
+        (lambda: RRAccumulator(3).update(torch.zeros(4, 2), torch.zeros(4, 3)), "expected z1 (batch, 3)"),
+        (lambda: RRAccumulator(2).update(torch.full((4, 2), float("nan")), torch.zeros(4, 2)), "non-finite"),
+    ],
+)
+def test_bad_input_raises(call, message):
+    with pytest.raises(ValueError) as info:
+        call()
+    assert message in str(info.value)
+
+
+def _reduce_worker(rank, port, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    gen = torch.Generator().manual_seed(5)
+    z1 = torch.randn(301, 4, generator=gen, dtype=F64) + 3.0
+    z2 = z1 + torch.randn(301, 4, generator=gen, dtype=F64)
+    rows = slice(0, 120) if rank == 0 else slice(120, 301)  # uneven shares
+    acc = _stream(RRAccumulator(4), z1[rows], z2[rows], batch=50)
+    acc.all_reduce()
+    torch.save(acc.state_dict(), os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_rank_all_reduce_equals_single_process(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_reduce_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
+    gen = torch.Generator().manual_seed(5)
+    z1 = torch.randn(301, 4, generator=gen, dtype=F64) + 3.0
+    z2 = z1 + torch.randn(301, 4, generator=gen, dtype=F64)
+    single = RRAccumulator(4)
+    single.update(z1, z2)
+    for rank in range(2):
+        state = torch.load(tmp_path / f"rank{rank}.pt")
+        assert state["n"] == 301
+        for key in ("mean_f", "mean_g", "c_ff", "c_gg", "c_fg"):
+            torch.testing.assert_close(state[key], getattr(single, key), rtol=1e-12, atol=1e-10)
