@@ -1,0 +1,102 @@
+"""Ordered-embedding export: `rr.safetensors` + `manifest.json` (+ an eigenvalue-decay plot), and the
+loader that turns an export into a truncatable head z -> (z - mean) @ transform[:, :k]."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .rayleigh_ritz import RRResult
+
+TENSORS = "rr.safetensors"
+MANIFEST = "manifest.json"
+DECAY_PLOT = "eigenvalues.png"
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save_export(result: RRResult, out_dir: str | os.PathLike, source: dict, plot: bool = True) -> Path:
+    """Write the export; `source` describes what was reduced (kind, path, sha256, ...)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {"eigenvalues": result.eigenvalues, "transform": result.transform, "mean": result.mean}
+    if result.right_transform is not None:
+        tensors.update(right_transform=result.right_transform, right_mean=result.right_mean)
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(out / TENSORS))
+    manifest = {
+        "source": source,
+        "n": result.n,
+        "mode": result.mode,
+        "dim": int(result.transform.shape[0]),
+        "num_features": int(result.transform.shape[1]),
+        "dim_right": int(result.right_transform.shape[0]) if result.right_transform is not None else None,
+        "dtype": str(result.transform.dtype).replace("torch.", ""),
+        "eigenvalues": [float(v) for v in result.eigenvalues],
+        "tensors": sorted(tensors),
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    if plot:
+        plot_decay(result.eigenvalues, out / DECAY_PLOT, title=f"Rayleigh-Ritz ({result.mode}), n={result.n}")
+    return out
+
+
+def plot_decay(eigenvalues: torch.Tensor, path: str | os.PathLike, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    values = eigenvalues.detach().cpu().double().numpy()
+    fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
+    ax.plot(range(1, len(values) + 1), values, marker="o", markersize=3)
+    ax.set_xlabel("index i")
+    ax.set_ylabel("eigenvalue / singular value")
+    if (values > 0).all() and values.max() / values.min() > 50:
+        ax.set_yscale("log")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+class OrderedHead(nn.Module):
+    """z -> (z - mean) @ transform[:, :k]: the first k ordered features, for any k."""
+
+    def __init__(self, transform: torch.Tensor, mean: torch.Tensor, eigenvalues: torch.Tensor):
+        super().__init__()
+        self.register_buffer("transform", transform)
+        self.register_buffer("mean", mean)
+        self.register_buffer("eigenvalues", eigenvalues)
+
+    def forward(self, z: torch.Tensor, k: int | None = None) -> torch.Tensor:
+        if k is not None and not 1 <= k <= self.transform.shape[1]:
+            raise ValueError(f"k={k} must lie in 1..{self.transform.shape[1]}")
+        t = self.transform[:, :k]
+        return (z.to(t.dtype) - self.mean) @ t
+
+
+def load_head(path: str | os.PathLike, side: str = "left", dtype: torch.dtype = torch.float32) -> OrderedHead:
+    """Load an export directory (or its rr.safetensors) as an OrderedHead; side='right' for svd's a-side."""
+    path = Path(path)
+    file = path / TENSORS if path.is_dir() else path
+    if not file.exists():
+        raise FileNotFoundError(f"no Rayleigh-Ritz export at {file}")
+    t = load_file(str(file))
+    if side == "right":
+        if "right_transform" not in t:
+            raise ValueError(f"{file} has no right-side tensors (it was not exported in svd mode)")
+        return OrderedHead(t["right_transform"].to(dtype), t["right_mean"].to(dtype), t["eigenvalues"].to(dtype))
+    return OrderedHead(t["transform"].to(dtype), t["mean"].to(dtype), t["eigenvalues"].to(dtype))
