@@ -1,0 +1,180 @@
+"""Write tar shards and their index; the ``eigtrain-shards`` command.
+
+    eigtrain-shards source=digits out=data/digits shard_size=500 val_fraction=0.2 seed=0
+    eigtrain-shards source=cifar10 path=~/cifar-10-batches-py out=data/cifar10 shard_size=1000
+    eigtrain-shards source=imagefolder path=~/imagenette2 out=data/imagenette shard_size=1000
+    eigtrain-shards source=npz path=pairs.npz out=data/pairs val_fraction=0.1
+
+Shards are ``OUT/<split>-NNNNNN.tar`` with ``shard_size`` samples each (the last one of a split may be shorter);
+``OUT/index.json`` is written last, so a directory with an index holds complete shards only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import webdataset as wds
+
+from .index import INDEX_NAME, ShardIndex, read_index, write_index
+from .sources import Source, cifar10_source, digits_source, imagefolder_source, npz_source
+
+
+def write_shards(
+    out: str | os.PathLike,
+    splits: Mapping[str, Iterable[dict]],
+    *,
+    shard_size: int = 1000,
+    meta: dict | None = None,
+    overwrite: bool = False,
+) -> ShardIndex:
+    """Write each split's samples, in the given order, to ``out/<split>-NNNNNN.tar`` and index them.
+
+    Samples are dicts ``{"__key__": str, "<field>": bytes | int}`` (see `eigtrain.data.sources`). A key may
+    occur once in the whole data set: splits never share a sample. `meta` goes to the index as is; when it
+    does not say, ``meta["labels"]`` is set to whether every sample has a ``cls`` field.
+    """
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    out = Path(out)
+    if (out / INDEX_NAME).exists():
+        if not overwrite:
+            raise FileExistsError(f"{out / INDEX_NAME} already exists; pass overwrite=true to replace the shards")
+        old = read_index(out)
+        for shards in old.splits.values():  # stale shards of a previous, larger write would linger otherwise
+            for name in shards:
+                (out / name).unlink(missing_ok=True)
+        (out / INDEX_NAME).unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+    split_of_key: dict[str, str] = {}
+    counts: dict[str, dict[str, int]] = {}
+    all_labeled = True
+    for split, samples in splits.items():
+        counts[split] = {}
+        writer = None
+        try:
+            for sample in samples:
+                key = sample["__key__"]
+                if key in split_of_key:
+                    raise ValueError(f"sample key {key!r} occurs twice (splits {split_of_key[key]!r} and {split!r})")
+                split_of_key[key] = split
+                all_labeled &= "cls" in sample
+                if writer is None or writer.count == shard_size:
+                    if writer is not None:
+                        writer.close()
+                    writer = _ShardFile(out, f"{split}-{len(counts[split]):06d}.tar")
+                    counts[split][writer.name] = 0
+                writer.write(sample)
+                counts[split][writer.name] += 1
+        except BaseException:
+            if writer is not None:
+                writer.discard()
+            raise
+        if writer is not None:
+            writer.close()
+    meta = dict(meta or {})
+    meta.setdefault("labels", all_labeled and bool(split_of_key))
+    write_index(out, counts, meta)
+    return read_index(out)
+
+
+class _ShardFile:
+    """One tar shard, written under a temporary name and renamed when complete."""
+
+    def __init__(self, root: Path, name: str):
+        self.name, self.count = name, 0
+        self.path, self.tmp = root / name, root / (name + ".tmp")
+        self.file = open(self.tmp, "wb")
+        self.tar = wds.TarWriter(self.file, mtime=0)  # fixed mtime: identical input gives identical shards
+
+    def write(self, sample: dict) -> None:
+        self.tar.write(sample)
+        self.count += 1
+
+    def close(self) -> None:
+        self.tar.close()
+        self.file.close()
+        os.replace(self.tmp, self.path)
+
+    def discard(self) -> None:
+        self.file.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+DEFAULTS = dict(source="digits", out=None, path=None, shard_size=1000, val_fraction=None, seed=0, overwrite=False)
+SOURCES = ("digits", "cifar10", "imagefolder", "npz")
+VAL_FRACTION_SOURCES = ("digits", "npz")  # the other sources come with their own splits
+DEFAULT_VAL_FRACTION = 0.2
+
+
+def parse_args(argv: list[str]) -> dict:
+    """key=value arguments; an unknown key or a bad value is one error that names it."""
+    args = dict(DEFAULTS)
+    for item in argv:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"arguments are key=value, got {item!r}; keys: {sorted(DEFAULTS)}")
+        if key not in DEFAULTS:
+            raise ValueError(f"unknown key {key!r}; allowed: {sorted(DEFAULTS)}")
+        try:
+            if key in ("shard_size", "seed"):
+                args[key] = int(value)
+            elif key == "val_fraction":
+                args[key] = float(value)
+            elif key == "overwrite":
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError
+                args[key] = value.lower() in ("true", "1")
+            else:
+                args[key] = value
+        except ValueError:
+            raise ValueError(f"bad value for {key}: {value!r}") from None
+    if args["source"] not in SOURCES:
+        raise ValueError(f"unknown source {args['source']!r}; allowed: {list(SOURCES)}")
+    if args["out"] is None:
+        raise ValueError("missing out=DIR (where the shards and index.json go)")
+    needs_path = args["source"] != "digits"
+    if needs_path and args["path"] is None:
+        raise ValueError(f"source={args['source']} needs path=...")
+    if not needs_path and args["path"] is not None:
+        raise ValueError("source=digits takes no path (the data ships with scikit-learn)")
+    if args["val_fraction"] is not None and args["source"] not in VAL_FRACTION_SOURCES:
+        raise ValueError(f"val_fraction does not apply to source={args['source']}: its splits are given by the files")
+    return args
+
+
+def build_source(args: dict) -> Source:
+    source, seed = args["source"], args["seed"]
+    val_fraction = DEFAULT_VAL_FRACTION if args["val_fraction"] is None else args["val_fraction"]
+    if source == "digits":
+        return digits_source(val_fraction=val_fraction, seed=seed)
+    path = Path(args["path"]).expanduser()
+    if source == "cifar10":
+        return cifar10_source(path, seed=seed)
+    if source == "imagefolder":
+        return imagefolder_source(path, seed=seed)
+    return npz_source(path, val_fraction=val_fraction, seed=seed)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_args(argv)
+        source = build_source(args)
+        meta = {**source.meta, "source": source.name, "seed": args["seed"], "shard_size": args["shard_size"]}
+        index = write_shards(args["out"], source.splits, shard_size=args["shard_size"], meta=meta,
+                             overwrite=args["overwrite"])
+    except (ValueError, OSError) as exn:
+        raise SystemExit(f"eigtrain-shards: error: {exn}") from None
+    summary = {split: {"shards": len(shards), "samples": sum(shards.values())} for split, shards in index.splits.items()}
+    print(json.dumps({"out": str(index.root), "splits": summary}))
+
+
+if __name__ == "__main__":
+    main()

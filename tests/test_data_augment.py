@@ -1,0 +1,93 @@
+"""Batched augmentation: shapes, ranges, per-sample randomness, determinism from the generator, and the
+equivalence of each operation with torchvision's per-image functions."""
+
+import pytest
+import torch
+import torchvision.transforms.v2.functional as TF
+
+from eigtrain.data import build_augment
+from eigtrain.data import augment as A
+from eigtrain.data.augment import NORMALIZATION, PRESETS
+
+
+def images(batch, channels, size, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (batch, channels, *size), generator=g, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("preset,channels,size,out", [
+    ("cifar", 3, (32, 32), (32, 32)),
+    ("imagenet", 3, (40, 48), (32, 32)),
+    ("digits", 1, (8, 8), (8, 8)),
+    ("none", 3, (12, 12), (12, 12)),
+])
+def test_presets_give_per_sample_different_views_of_the_right_shape_and_range(preset, channels, size, out):
+    augment = build_augment(preset, image_size=out)
+    same = images(1, channels, size).expand(16, -1, -1, -1).contiguous()  # one image, 16 times
+    view1, view2 = augment(same, generator=torch.Generator().manual_seed(0))
+    assert view1.shape == view2.shape == (16, channels, *out) and view1.dtype == torch.float32
+    mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in NORMALIZATION[preset])
+    for view in (view1, view2):
+        assert (view >= (0 - mean) / std - 1e-5).all() and (view <= (1 - mean) / std + 1e-5).all()
+    if preset == "none":
+        assert torch.equal(view1, view2) and torch.allclose(view1, (same / 255 - mean) / std)
+    else:
+        assert not torch.allclose(view1, view2)
+        distinct = {tuple(v.flatten()[:64].tolist()) for v in view1}
+        assert len(distinct) == 16  # each sample drew its own parameters
+
+
+def test_views_are_a_function_of_the_generator_only():
+    augment = build_augment("imagenet", image_size=24)
+    batch = images(8, 3, (28, 28))
+    global_state = torch.get_rng_state()
+    first = augment(batch, generator=torch.Generator().manual_seed(7))
+    torch.manual_seed(123)  # the global RNG plays no part
+    second = augment(batch, generator=torch.Generator().manual_seed(7))
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    other = augment(batch, generator=torch.Generator().manual_seed(8))
+    assert not torch.equal(first[0], other[0])
+    torch.set_rng_state(global_state)
+    augment(batch, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(torch.get_rng_state(), global_state)  # and it is not consumed
+
+
+def test_imagenet_views_are_asymmetric_as_in_vicreg():
+    view1, view2 = PRESETS["imagenet"]
+    assert (view1.blur_p, view1.solarize_p, view2.blur_p, view2.solarize_p) == (1.0, 0.0, 0.1, 0.2)
+    bright = torch.full((64, 3, 16, 16), 250, dtype=torch.uint8)  # solarization turns these dark
+    augment = build_augment("imagenet", mean=(0, 0, 0), std=(1, 1, 1))
+    v1, v2 = augment(bright, generator=torch.Generator().manual_seed(0))
+    assert (v1.mean(dim=(1, 2, 3)) > 0.3).all()  # never solarized
+    dark = (v2.mean(dim=(1, 2, 3)) < 0.3).float().mean()
+    assert 0.05 < dark < 0.45  # about 20 % of view 2
+
+
+@pytest.mark.parametrize("op,reference", [
+    (A._brightness, TF.adjust_brightness), (A._contrast, TF.adjust_contrast),
+    (A._saturation, TF.adjust_saturation), (A._hue, TF.adjust_hue),
+])
+def test_color_ops_equal_torchvision_per_image(op, reference):
+    x = images(16, 3, (9, 7)).float() / 255
+    lo, hi = (-0.5, 0.5) if op is A._hue else (0.0, 2.0)
+    factors = torch.linspace(lo, hi, 16)
+    want = torch.stack([reference(x[i], float(factors[i])) for i in range(16)])
+    torch.testing.assert_close(op(x.clone(), factors.view(-1, 1, 1, 1)), want, atol=2e-6, rtol=0)
+
+
+def test_full_crop_is_the_identity_and_flip_is_a_mirror():
+    x = images(4, 3, (10, 14)).float() / 255
+    sampler = A._Sampler(torch.Generator().manual_seed(0), x.device, 4)
+    keep = A.ViewRecipe(crop_scale=(1.0, 1.0), crop_ratio=(14 / 10, 14 / 10), flip_p=0.0)
+    torch.testing.assert_close(A.crop_flip_resize(x, keep, (10, 14), sampler), x, atol=1e-5, rtol=0)
+    mirror = A.ViewRecipe(crop_scale=(1.0, 1.0), crop_ratio=(14 / 10, 14 / 10), flip_p=1.0)
+    torch.testing.assert_close(A.crop_flip_resize(x, mirror, (10, 14), sampler), x.flip(-1), atol=1e-5, rtol=0)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unknown augmentation preset 'simclr'"):
+        build_augment("simclr")
+    with pytest.raises(ValueError, match="images have 1 channels but mean/std have 3 values"):
+        build_augment("cifar")(images(2, 1, (8, 8)))
+    with pytest.raises(ValueError, match="expected a uint8 batch"):
+        build_augment("cifar")(torch.zeros(2, 3, 8, 8))
