@@ -1,0 +1,19 @@
+"""Launchers: `local` runs in this process (also under torchrun), `slurm` submits with submitit."""
+
+from collections.abc import Callable, Mapping
+
+
+def launch(cfg: Mapping, fn: Callable, *args, **kwargs):
+    """Run `fn(*args, **kwargs)` as the `launcher` config says (key `name`: "local" or "slurm").
+
+    local: calls it here and returns its result. slurm: returns the submitted submitit job
+    (after waiting for it when `launcher.wait` is true).
+    """
+    kind = cfg.get("name")
+    if kind == "local":
+        return fn(*args, **kwargs)
+    if kind == "slurm":
+        from launch.slurm import submit
+
+        return submit(cfg, fn, *args, **kwargs)
+    raise ValueError(f"launcher.name={kind!r}; allowed: 'local', 'slurm'")

@@ -1,0 +1,268 @@
+"""Submit a function to Slurm with submitit: multi-node jobs, bounded requeue, save-on-signal.
+
+The submitted function runs once per task (one task per GPU). It must resume by itself from its run
+directory: a requeued job calls it again with the same arguments, so no state is pickled here.
+
+Two ways a job comes back after a time limit or preemption notice (Slurm sends USR2
+`signal_delay_s` seconds before the end; see launch/README.md):
+- default: submitit's USR2 handler on rank 0 calls `RequeueableCall.checkpoint` and requeues at
+  once; progress since the last periodic checkpoint is lost.
+- `save_on_signal: true`: USR2/SIGTERM only set a flag (`eigtrain.dist.install_stop_handler`); the
+  trainer sees it at the next step boundary on all ranks (`dist.stop_requested()`), saves, returns,
+  and `RequeueableCall` then requeues.
+Both are bounded by `max_requeues` (counted with SLURM_RESTART_COUNT).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import submitit
+from submitit.core.job_environment import JobEnvironment
+
+from eigtrain import dist
+
+DEFAULTS: dict = {
+    "name": "slurm",  # the launcher kind (launcher=slurm); checked by launch.launch
+    "job_name": "eigtrain",
+    "folder": None,  # submitit's logs and pickles; put it inside the run dir
+    "partition": None,
+    "account": None,
+    "qos": None,
+    "time": 60,  # minutes
+    "nodes": 1,
+    "gpus_per_node": 0,
+    "tasks_per_node": None,  # default: gpus_per_node, at least 1
+    "cpus_per_task": None,
+    "mem": None,  # GB as a number, or a Slurm string such as "64G" or "0" (all of the node)
+    "constraint": None,
+    "additional_parameters": {},  # any other sbatch option, e.g. {"exclusive": True}
+    "setup": [],  # shell lines run before srun, e.g. ["module load cuda/12.4"]
+    "max_requeues": 3,
+    "signal_delay_s": 120,  # USR2 this long before the time limit: time to save a checkpoint
+    "save_on_signal": False,
+    "wait": False,
+}
+
+
+def _config(cfg: Mapping) -> dict:
+    if hasattr(cfg, "_metadata"):  # OmegaConf DictConfig, without importing omegaconf here
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    if cfg.get("name", "slurm") != "slurm":
+        raise ValueError(f"launcher.name={cfg['name']!r} given to the Slurm launcher")
+    unknown = sorted(set(cfg) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown launcher key(s) {unknown}; allowed: {sorted(DEFAULTS)}")
+    out = {**DEFAULTS, **{k: v for k, v in cfg.items() if v is not None}}
+    if not out["folder"]:
+        raise ValueError("launcher.folder must be set (submitit logs go there; use a folder in the run dir)")
+    minimum = {"time": 1, "nodes": 1, "gpus_per_node": 0, "max_requeues": 0, "signal_delay_s": 0}
+    for key, low in minimum.items():
+        if not isinstance(out[key], int) or out[key] < low:
+            raise ValueError(f"launcher.{key} must be an integer >= {low}, got {out[key]!r}")
+    if out["tasks_per_node"] is None:
+        out["tasks_per_node"] = max(1, out["gpus_per_node"])
+    if not isinstance(out["tasks_per_node"], int) or out["tasks_per_node"] < 1:
+        raise ValueError(f"launcher.tasks_per_node must be an integer >= 1, got {out['tasks_per_node']!r}")
+    if out["gpus_per_node"] and out["tasks_per_node"] > out["gpus_per_node"]:
+        raise ValueError(f"launcher.tasks_per_node={out['tasks_per_node']} exceeds "
+                         f"launcher.gpus_per_node={out['gpus_per_node']}: one task per GPU")
+    return out
+
+
+_INHERITED_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                          "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+def world_size(cfg: Mapping) -> int:
+    """How many tasks (ranks) the job will have: nodes x tasks_per_node, after validating `cfg`."""
+    c = _config(cfg)
+    return c["nodes"] * c["tasks_per_node"]
+
+
+def make_executor(cfg: Mapping) -> submitit.AutoExecutor:
+    """A submitit executor for Slurm from the `launcher` config (see DEFAULTS for the keys)."""
+    c = _config(cfg)
+    if shutil.which("sbatch") is None:
+        raise RuntimeError("launcher=slurm but `sbatch` is not on PATH: submit from a Slurm login node")
+    executor = submitit.AutoExecutor(folder=c["folder"], cluster="slurm",
+                                     slurm_max_num_timeout=c["max_requeues"])
+    additional = dict(c["additional_parameters"])
+    if c["max_requeues"] > 0:
+        additional.setdefault("requeue", True)  # even where the site's JobRequeue=0
+    mem_gb = None
+    if isinstance(c["mem"], str):
+        additional["mem"] = c["mem"]
+    elif c["mem"] is not None:
+        mem_gb = float(c["mem"])
+    executor.update_parameters(
+        name=c["job_name"],
+        timeout_min=c["time"],
+        nodes=c["nodes"],
+        tasks_per_node=c["tasks_per_node"],
+        gpus_per_node=c["gpus_per_node"] or None,  # no GPU request at all on CPU partitions
+        cpus_per_task=c["cpus_per_task"],
+        mem_gb=mem_gb,
+        slurm_partition=c["partition"],
+        slurm_account=c["account"],
+        slurm_qos=c["qos"],
+        slurm_constraint=c["constraint"],
+        slurm_signal_delay_s=c["signal_delay_s"],
+        # The submitting shell's environment reaches the job: drop launch variables that would
+        # contradict Slurm's (e.g. when submitting from inside a torchrun or Slurm process).
+        slurm_setup=[f"unset {' '.join(_INHERITED_LAUNCH_VARS)}", *c["setup"]],
+        slurm_additional_parameters=additional,
+        # A rank that dies ends the whole step now instead of leaving the others in a collective.
+        slurm_srun_args=["--kill-on-bad-exit=1"],
+    )
+    return executor
+
+
+def restart_count() -> int:
+    """How many times Slurm has requeued this job so far."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+
+
+class RequeueableCall(submitit.helpers.Checkpointable):
+    """`fn(*args)` on every task, requeued (at most `max_requeues` times) when Slurm says time is up."""
+
+    def __init__(self, fn: Callable, max_requeues: int, save_on_signal: bool):
+        self.fn, self.max_requeues, self.save_on_signal = fn, max_requeues, save_on_signal
+
+    def __call__(self, *args, **kwargs):
+        requeue_signal = JobEnvironment._usr_sig()
+        if self.save_on_signal:  # replaces submitit's USR2 handler with a flag
+            dist.install_stop_handler(requeue_signal=requeue_signal, stop_signals=(signal.SIGTERM,))
+        else:
+            _only_in_this_process(requeue_signal)
+        result = self.fn(*args, **kwargs)
+        if self.save_on_signal and dist.stopped():  # the trainer saved at a step boundary and returned
+            self._leave_after_save()
+        return result
+
+    def checkpoint(self, *args, **kwargs):
+        """Called by submitit on rank 0 on USR2 (without save_on_signal): resubmit the same call."""
+        if restart_count() >= self.max_requeues:
+            print(f"not requeuing: already requeued {restart_count()} times (launcher.max_requeues)",
+                  file=sys.stderr, flush=True)
+            return None  # submitit then ends the job as not completed
+        return super().checkpoint(*args, **kwargs)
+
+    def _leave_after_save(self) -> None:
+        # Leave through SystemExit, not an exception or a return: submitit then writes no result, so
+        # whoever waits on the job keeps waiting for the run that continues training.
+        if not dist.requeue_requested():  # SIGTERM: preempted (Slurm requeues it), cancelled or out of time
+            print("saved on SIGTERM; the job comes back only if Slurm requeues it", file=sys.stderr, flush=True)
+            sys.exit(-1)
+        if restart_count() >= self.max_requeues:  # the same answer on every rank: all of them end
+            raise RuntimeError(f"stopped on signal and saved, but not requeued: already requeued "
+                               f"{restart_count()} times (launcher.max_requeues={self.max_requeues})")
+        env = JobEnvironment()
+        if env.global_rank != 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # die at once when the requeue stops us
+            time.sleep(600)  # rank 0 requeues; Slurm then stops this task
+            sys.exit(-1)
+        subprocess.check_call(["scontrol", "requeue", env.job_id], timeout=60)
+        print(f"saved on signal and requeued job {env.job_id}", file=sys.stderr, flush=True)
+        sys.exit(-1)
+
+
+def _only_in_this_process(signum: int) -> None:
+    """Forked data-loader workers inherit Python signal handlers and Slurm signals them too:
+    keep submitit's checkpoint-and-requeue handler to the task's own process (one requeue)."""
+    handler, pid = signal.getsignal(signum), os.getpid()
+
+    def guarded(sig, frame):
+        if os.getpid() == pid:
+            handler(sig, frame)
+
+    signal.signal(signum, guarded)
+
+
+def submit(cfg: Mapping, fn: Callable, *args, **kwargs) -> submitit.Job:
+    """Submit `fn(*args, **kwargs)` as one Slurm job; print its id and logs; wait if `cfg.wait`."""
+    c = _config(cfg)
+    executor = make_executor(c)
+    job = executor.submit(RequeueableCall(fn, c["max_requeues"], c["save_on_signal"]), *args, **kwargs)
+    print(f"submitted Slurm job {job.job_id} ({c['nodes']} node(s) x {c['tasks_per_node']} task(s))\n"
+          f"  stdout: {job.paths.stdout}\n  stderr: {job.paths.stderr}\n  folder: {job.paths.folder}",
+          flush=True)
+    if c["wait"]:
+        wait(job)
+    return job
+
+
+class JobFailedError(RuntimeError):
+    """A Slurm job failed; the message names each failed task, its last error line and its log."""
+
+
+_RUNNING_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED",
+                   "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "PREEMPTED", "SIGNALING", "STAGE_OUT"}
+
+
+def slurm_state(job_id: str) -> str | None:
+    """The job's state from slurmctld (None once it has forgotten the job); needs no accounting DB."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True)
+    for field in out.stdout.split():
+        if field.startswith("JobState="):
+            return field.split("=", 1)[1]
+    return None
+
+
+def wait(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 2.0) -> list:
+    """Every task's result (across requeues); raises naming each failed task, its error and its log.
+
+    Unlike `job.results()` alone, this also returns when the job ended with some tasks killed before
+    writing a result (a dead rank, --kill-on-bad-exit), which submitit sees only through sacct.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    ended_at = None
+    while not job.done():
+        state = slurm_state(job.job_id)
+        if state in _RUNNING_STATES:
+            ended_at = None
+        elif _failed_tasks(job):  # ended, and the ranks killed after the failure left no result
+            raise JobFailedError(_failure_report(job, f"failed ({state})"))
+        elif ended_at is None:
+            ended_at = time.monotonic()  # give a shared filesystem a moment to show the result files
+        elif time.monotonic() - ended_at > 10:
+            raise JobFailedError(_failure_report(job, f"ended ({state or 'forgotten by slurmctld'}) "
+                                                    "without a result from every task"))
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"Slurm job {job.job_id} still {state} after {timeout_s:.0f} s; "
+                               f"logs: {job.paths.folder}")
+        time.sleep(poll_s)
+    if _failed_tasks(job):
+        raise JobFailedError(_failure_report(job, "failed"))
+    return job.results()
+
+
+def _failed_tasks(job: submitit.Job) -> list[tuple[int, str, Path]]:
+    failed = []
+    for i in range(job.num_tasks):
+        task = job.task(i) if job.num_tasks > 1 else job
+        if task.paths.result_pickle.exists():
+            outcome, payload = submitit.core.utils.pickle_load(task.paths.result_pickle)
+            if outcome == "error":
+                failed.append((i, payload, task.paths.stderr))
+    return failed
+
+
+def _failure_report(job: submitit.Job, what: str) -> str:
+    # Every failed task's last line: the rank that died first is among them, next to the ranks
+    # that only saw their peer disappear.
+    lines = [f"Slurm job {job.job_id} {what}"]
+    for i, trace, log in _failed_tasks(job):
+        last = trace.strip().splitlines()[-1] if trace.strip() else "(no traceback)"
+        lines.append(f"  task {i}: {last}  (log: {log})")
+    lines.append(f"logs: {job.paths.folder}")
+    return "\n".join(lines)

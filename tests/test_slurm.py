@@ -1,0 +1,246 @@
+"""Jobs submitted through launch.slurm to a real single-node Slurm cluster (tests/slurm_fixture.py).
+
+Each job has 2 CPU tasks that form a gloo group. Interruptions are real Slurm signals: `scancel
+--signal=USR2` delivers the same signal Slurm sends `signal_delay_s` before a time limit.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import cloudpickle
+import pytest
+import torch
+import torch.distributed as torch_dist
+
+from eigtrain import dist
+from launch.slurm import JobFailedError, submit, wait, world_size
+from tests.slurm_fixture import slurm_cluster  # noqa: F401  (fixture)
+
+# The jobs' Python processes import nothing from tests/: ship this module's functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def launcher(folder: Path, **overrides) -> dict:
+    return {"name": "slurm", "folder": str(folder), "time": 5, "tasks_per_node": 2, "cpus_per_task": 1,
+            "max_requeues": 2, **overrides}
+
+
+def test_launcher_config_defaults_and_errors():
+    assert world_size({"name": "slurm", "folder": "f", "nodes": 4, "gpus_per_node": 8}) == 32
+    assert world_size({"folder": "f", "tasks_per_node": None}) == 1  # CPU: one task per node
+    for cfg, message in [
+        ({}, "launcher.folder must be set"),
+        ({"folder": "f", "gpus": 8}, r"unknown launcher key\(s\) \['gpus'\]"),
+        ({"folder": "f", "gpus_per_node": 8, "tasks_per_node": 9}, "tasks_per_node=9 exceeds launcher.gpus_per_node=8"),
+        ({"folder": "f", "time": "04:00:00"}, "launcher.time must be an integer >= 1, got '04:00:00'"),
+        ({"folder": "f", "name": "local"}, "launcher.name='local' given to the Slurm launcher"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            world_size(cfg)
+
+
+# ------------------------------------------------------------------------------------------------
+# A 2-task job
+
+
+def all_reduce_job(out: str) -> int:
+    env = dist.init_distributed(timeout_s=60)
+    total = torch.tensor([env.rank + 1.0])
+    torch_dist.all_reduce(total)
+    record = {**asdict(env), "sum": total.item(), "RANK": os.environ["RANK"]}
+    Path(out, f"rank{env.rank}.json").write_text(json.dumps(record))
+    dist.destroy()
+    return env.rank
+
+
+@pytest.mark.slow
+def test_two_task_job_forms_a_group(slurm_cluster, tmp_path):
+    job = submit(launcher(tmp_path / "slurm"), all_reduce_job, str(tmp_path))
+    assert wait(job, poll_s=0.5, timeout_s=90) == [0, 1]
+    port = 20000 + int(job.job_id) % 20000
+    for rank in (0, 1):
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert record == {"rank": rank, "world_size": 2, "local_rank": rank, "local_world_size": 2,
+                          "node_rank": 0, "num_nodes": 1, "master_addr": os.uname().nodename.split(".")[0],
+                          "master_port": port, "source": "slurm", "sum": 3.0, "RANK": str(rank)}
+    script = job.paths.submission_file.read_text()
+    for flag in ("--signal=USR2@120", "--requeue", "--ntasks-per-node=2", "--kill-on-bad-exit=1", "unset RANK"):
+        assert flag in script
+
+
+def dying_rank_job() -> None:
+    dist.init_distributed(timeout_s=300)
+    if dist.resolve_env().rank == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+    torch_dist.all_reduce(torch.ones(1))  # would wait for the 300 s timeout without --kill-on-bad-exit
+
+
+@pytest.mark.slow
+def test_dead_rank_ends_the_job_with_its_error(slurm_cluster, tmp_path):
+    start = time.monotonic()
+    job = submit(launcher(tmp_path / "slurm"), dying_rank_job)
+    with pytest.raises(JobFailedError, match="rank 1 fails on purpose"):
+        wait(job, poll_s=0.5, timeout_s=90)
+    assert time.monotonic() - start < 60
+
+
+# ------------------------------------------------------------------------------------------------
+# Requeue: a job that checkpoints its progress and resumes from it, like the trainer
+
+
+def update(x: torch.Tensor, step: int, world_size: int) -> torch.Tensor:
+    """One step of a toy training run; the all-reduced 'gradient' of rank r is [r + 1, step, 1]."""
+    grad = torch.tensor([world_size * (world_size + 1) / 2, world_size * step, world_size], dtype=torch.float64)
+    return 0.9 * x + 0.1 * grad
+
+
+def progress_job(out: str, steps: int, save_every: int, step_s: float) -> list[float]:
+    env = dist.init_distributed(timeout_s=60)
+    out = Path(out)
+    step, x = 0, torch.zeros(3, dtype=torch.float64)
+    if (out / "ckpt.pt").exists():
+        saved = torch.load(out / "ckpt.pt", weights_only=True)
+        step, x = saved["step"], saved["x"]
+    with open(out / f"starts_rank{env.rank}.txt", "a") as f:
+        f.write(f"{step} {os.environ.get('SLURM_RESTART_COUNT', 0)}\n")
+    while step < steps:
+        grad = torch.tensor([env.rank + 1.0, step, 1.0], dtype=torch.float64)
+        torch_dist.all_reduce(grad)
+        x = 0.9 * x + 0.1 * grad
+        step += 1
+        time.sleep(step_s)
+        stop = dist.stop_requested()
+        if env.rank == 0 and (step % save_every == 0 or stop):
+            torch.save({"step": step, "x": x}, out / "ckpt.tmp")
+            os.replace(out / "ckpt.tmp", out / "ckpt.pt")
+        if env.rank == 0:
+            (out / "progress.txt").write_text(str(step))
+        if stop:
+            break
+    dist.destroy()
+    return x.tolist()
+
+
+def progress(out: Path) -> int:
+    try:
+        return int((out / "progress.txt").read_text())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def signal_after(job, out: Path, step: int, timeout_s: float = 60) -> int:
+    """USR2 to every task once the job has done `step` steps; returns the step seen then."""
+    deadline = time.monotonic() + timeout_s
+    while progress(out) < step:
+        assert time.monotonic() < deadline, f"job {job.job_id} made no progress; logs in {job.paths.folder}"
+        time.sleep(0.1)
+    seen = progress(out)
+    subprocess.run(["scancel", "--signal=USR2", job.job_id], check=True)
+    return seen
+
+
+def release_requeued(job, timeout_s: float = 60) -> None:
+    """Slurm holds a requeued job for ~2 minutes (Reason=BeginTime); let it start now."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job.job_id], capture_output=True, text=True).stdout
+        if "Reason=BeginTime" in shown:
+            subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True)
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"job {job.job_id} was not requeued; logs in {job.paths.folder}")
+
+
+STEPS, SAVE_EVERY, STEP_S = 20, 5, 0.2
+
+
+@pytest.mark.slow
+def test_signalled_job_is_requeued_and_finishes_like_an_uninterrupted_run(slurm_cluster, tmp_path):
+    # Default mode: submitit's USR2 handler requeues at once. (save_on_signal=True: the trainer test.)
+    job = submit(launcher(tmp_path / "slurm"), progress_job, str(tmp_path), STEPS, SAVE_EVERY, STEP_S)
+    signalled_at = signal_after(job, tmp_path, step=7)
+    release_requeued(job)
+    results = wait(job, poll_s=0.5, timeout_s=90)
+
+    expected = torch.zeros(3, dtype=torch.float64)
+    for step in range(STEPS):
+        expected = update(expected, step, world_size=2)
+    assert results[0] == results[1] == expected.tolist()  # bit-identical, float64
+
+    for rank in (0, 1):
+        lines = (tmp_path / f"starts_rank{rank}.txt").read_text().splitlines()
+        (first, first_restarts), (resumed, restarts) = [tuple(map(int, line.split())) for line in lines]
+        assert (first, first_restarts, restarts) == (0, 0, 1)  # exactly one requeue
+        # requeued at once: resumes from the last periodic checkpoint before the signal
+        assert resumed % SAVE_EVERY == 0 and 0 < resumed <= signalled_at + 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("save_on_signal", [False, True])
+def test_requeues_are_bounded(slurm_cluster, tmp_path, save_on_signal):
+    job = submit(launcher(tmp_path / "slurm", save_on_signal=save_on_signal, max_requeues=0),
+                 progress_job, str(tmp_path), STEPS, SAVE_EVERY, STEP_S)
+    signal_after(job, tmp_path, step=3)
+    with pytest.raises(JobFailedError, match="not requeued"):
+        wait(job, poll_s=0.5, timeout_s=60)
+    assert len((tmp_path / "starts_rank0.txt").read_text().splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# The real trainer, 2 CPU tasks
+
+
+def training_config(run_dir: Path, data_root: Path, *overrides: str):
+    from eigtrain.train import compose_config
+
+    return compose_config([
+        "experiment=cpu_debug", f"run_dir={run_dir}", f"data.root={data_root}", "data.num_workers=1",
+        "steps=40", "checkpoint_every=10", "keep_last=10", "log_every=1",
+        "logging.wandb.mode=disabled", "logging.progress=false",
+        "launcher=slurm", "launcher.tasks_per_node=2", "launcher.cpus_per_task=1", "launcher.time=5",
+        *overrides,
+    ])
+
+
+def first_logged_step(run_dir: Path, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text().strip():
+        assert time.monotonic() < deadline, f"no training step logged in {run_dir}"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_training_job_checkpoints_and_resumes_after_requeue_to_the_same_weights(slurm_cluster, tmp_path):
+    from safetensors.torch import load_file
+
+    from eigtrain.checkpoint import complete_checkpoints
+    from eigtrain.train import run
+    from launch import launch
+
+    data = tmp_path / "data"  # written by the first job's rank 0 (write_if_missing)
+    whole = training_config(tmp_path / "whole", data)
+    results = wait(launch(whole.launcher, run, whole), poll_s=0.5, timeout_s=150)
+    assert [r["step"] for r in results] == [40, 40]
+    assert [s for s, _ in complete_checkpoints(tmp_path / "whole" / "checkpoints")] == [10, 20, 30, 40]
+
+    interrupted = training_config(tmp_path / "interrupted", data, "launcher.save_on_signal=true")
+    job = launch(interrupted.launcher, run, interrupted)
+    first_logged_step(tmp_path / "interrupted")
+    subprocess.run(["scancel", "--signal=USR2", job.job_id], check=True)
+    release_requeued(job)
+    results = wait(job, poll_s=0.5, timeout_s=150)
+    assert [r["step"] for r in results] == [40, 40]
+
+    steps = [s for s, _ in complete_checkpoints(tmp_path / "interrupted" / "checkpoints")]
+    saved_on_signal = [s for s in steps if s % 10]
+    assert len(saved_on_signal) == 1 and saved_on_signal[0] < 40, steps  # the save at the signal
+    first = load_file(tmp_path / "whole" / "model.safetensors")
+    second = load_file(tmp_path / "interrupted" / "model.safetensors")
+    assert first.keys() == second.keys()
+    for name in first:
+        assert torch.equal(first[name], second[name]), name  # bit-identical resume on CPU
