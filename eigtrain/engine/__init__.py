@@ -1,0 +1,55 @@
+"""Training engines behind one small interface.
+
+An engine owns the model (``engine.model``, the plain module), the optimizer and the parallel wrapper
+(``engine.train_module``), and offers:
+  ``train_step(micro_batches, loss_fn, lr) -> StepResult``  (non-finite loss/grad: update skipped)
+  ``autocast()``  the encoder's mixed-precision context (the objective stays in fp32)
+  ``save(step_dir, client_state)`` / ``load(step_dir)``  sharded model + optimizer state
+  ``model_state_dict()``  the full weights for export
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from eigtrain.engine.base import PRECISIONS, StepResult, chunks
+from eigtrain.engine.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_at
+
+ENGINES = ("ddp", "deepspeed")
+
+
+def build_engine(
+    cfg: Mapping[str, Any],
+    optim_cfg: Mapping[str, Any],
+    model: nn.Module,
+    *,
+    device: torch.device,
+    micro_batch_size: int,
+    grad_accum_steps: int,
+):
+    """Engine from the ``engine`` config group (``optim`` gives the optimizer and gradient clipping)."""
+    common = dict(
+        device=device, precision=cfg.get("precision", "auto"), grad_clip=optim_cfg.get("grad_clip"),
+        compile=cfg.get("compile", False), channels_last=cfg.get("channels_last", False),
+    )
+    if cfg["name"] == "ddp":
+        from eigtrain.engine.ddp import DDPEngine
+
+        return DDPEngine(model, optim_cfg, **common)
+    if cfg["name"] == "deepspeed":
+        from eigtrain.engine.deepspeed_zero import DeepSpeedEngine
+
+        extra = cfg.get("config") or {}
+        extra = OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else dict(extra)
+        return DeepSpeedEngine(
+            model, optim_cfg, stage=cfg.get("zero_stage", 2), micro_batch_size=micro_batch_size,
+            grad_accum_steps=grad_accum_steps, extra_config=extra, **common,
+        )
+    raise ValueError(f"engine.name={cfg['name']!r} is not known; allowed: {', '.join(ENGINES)}")
+
+
+__all__ = ["ENGINES", "OPTIMIZERS", "PRECISIONS", "SCHEDULES", "StepResult", "build_engine", "build_optimizer", "chunks", "lr_at"]

@@ -1,0 +1,253 @@
+"""Checkpoint directories: ``step-N/``, a completion marker written last, discovery, keep-last-k.
+
+A checkpoint directory holds
+  - the engine's sharded model + optimizer state (torch.distributed.checkpoint or DeepSpeed files),
+  - ``rank-R.pt`` per rank: RNG states and the data cursor (differ between ranks),
+  - ``trainer.json``: step, samples seen, skip counter, wandb run id (same on all ranks),
+  - ``COMPLETE``, written by rank 0 only after every rank finished writing.
+Discovery ignores directories without the marker, so a save killed half-way is never chosen.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+MARKER = "COMPLETE"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"step-{step}"
+
+
+def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return sorted(found)
+
+
+def is_complete(path: Path) -> bool:
+    return (Path(path) / MARKER).is_file()
+
+
+def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every complete checkpoint under ``root``, oldest first."""
+    return [(s, p) for s, p in _step_dirs(root) if is_complete(p)]
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint, or None."""
+    done = complete_checkpoints(root)
+    return done[-1][1] if done else None
+
+
+def _sync(f) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def mark_complete(path: Path, info: Mapping[str, Any]) -> None:
+    """Write the marker atomically (temp file, fsync, rename) so it is either absent or whole."""
+    tmp = Path(path) / f".{MARKER}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(dict(info), f)
+        _sync(f)
+    os.replace(tmp, Path(path) / MARKER)
+
+
+def prune(root: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` complete checkpoints, and any incomplete directory
+    (a save that died) older than the newest complete one. Returns what was deleted."""
+    done = complete_checkpoints(root)
+    if not done:
+        return []
+    newest = done[-1][0]
+    doomed = [p for _, p in done[: max(0, len(done) - keep_last)]] if keep_last > 0 else []
+    doomed += [p for s, p in _step_dirs(root) if s < newest and not is_complete(p)]
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed
+
+
+def remove_incomplete(root: Path) -> list[Path]:
+    """Delete every directory without the marker (left by a killed run; never resumed from)."""
+    stale = [p for _, p in _step_dirs(root) if not is_complete(p)]
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
+
+
+# -- per-rank random state -------------------------------------------------------------------------
+def seed_all(*entropy: int) -> int:
+    """Seed python, numpy and torch from the given integers (e.g. run seed and rank); returns the seed."""
+    seed = int(np.random.SeedSequence(list(entropy)).generate_state(1)[0])
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+    return seed
+
+
+def rng_state(generators: Mapping[str, torch.Generator] | None = None) -> dict[str, Any]:
+    """Every RNG this process draws from, in a form ``torch.load(weights_only=True)`` accepts."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(_plain, np_state[2:])),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    for name, gen in (generators or {}).items():
+        state[f"generator.{name}"] = gen.get_state()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.Generator] | None = None) -> None:
+    random.setstate(_as_tuple(state["python"]))
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for name, gen in (generators or {}).items():
+        gen.set_state(state[f"generator.{name}"])
+
+
+def _plain(x: Any) -> Any:
+    return x.item() if isinstance(x, np.generic) else x
+
+
+def _as_tuple(x: Any) -> Any:
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+# -- the checkpointer ------------------------------------------------------------------------------
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+class Checkpointer:
+    """Collects the engine state, trainer counters and per-rank state into ``root/step-N/``."""
+
+    def __init__(self, root: Path, engine: Any, *, keep_last: int = 3, rank: int = 0, world_size: int = 1):
+        self.root, self.engine, self.keep_last = Path(root), engine, keep_last
+        self.rank, self.world_size = rank, world_size
+
+    def save(self, step: int, trainer_state: Mapping[str, Any], rank_state: Mapping[str, Any]) -> Path:
+        path = step_dir(self.root, step)
+        if self.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)  # a stale partial save of this step (nothing is complete there)
+            path.mkdir(parents=True)
+        _barrier()
+        self.engine.save(path, client_state=trainer_state)
+        with open(path / f"rank-{self.rank}.pt", "wb") as f:
+            torch.save(dict(rank_state), f)
+            _sync(f)
+        if self.rank == 0:
+            with open(path / "trainer.json", "w") as f:
+                json.dump(dict(trainer_state), f, indent=1)
+                _sync(f)
+        _barrier()  # every rank finished writing
+        if self.rank == 0:
+            mark_complete(path, {"step": step, "world_size": self.world_size})
+            prune(self.root, self.keep_last)
+        return path
+
+    def resume(self) -> tuple[Path | None, dict[str, Any], dict[str, Any]]:
+        """Rank 0 picks the newest complete checkpoint (deleting partial ones) and tells the other ranks;
+        every rank restores the engine from it. Returns (path or None, trainer_state, this rank's state)."""
+        from eigtrain.dist import broadcast_object
+
+        if self.rank == 0:
+            remove_incomplete(self.root)
+        latest = broadcast_object(str(latest_checkpoint(self.root) or "") if self.rank == 0 else None)
+        return (Path(latest), *self.load(Path(latest))) if latest else (None, {}, {})
+
+    def load(self, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Restore the engine from ``path``; return (trainer_state, this rank's state)."""
+        path = Path(path)
+        self.engine.load(path)
+        trainer_state = json.loads((path / "trainer.json").read_text())
+        saved_world = json.loads((path / MARKER).read_text()).get("world_size")
+        if saved_world == self.world_size:
+            return trainer_state, torch.load(path / f"rank-{self.rank}.pt", weights_only=True)
+        # Another world size (e.g. a requeued job on fewer nodes): the data cursor carries over (the stream
+        # re-plans the rest of the epoch) but per-rank RNG streams cannot, so the resume is not exact.
+        log.warning("checkpoint %s was written by %s ranks, this run has %d: resuming, but not exactly",
+                    path, saved_world, self.world_size)
+        return trainer_state, {"data": torch.load(path / "rank-0.pt", weights_only=True)["data"]}
+
+
+# -- trained weights -------------------------------------------------------------------------------
+EXPORT_NAME = "model.safetensors"
+MODEL_INFO_NAME = "model.json"  # input shapes the encoder was built for
+
+
+def export_model(path: Path, state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, Any]) -> None:
+    """The trained weights as safetensors; metadata values are stored as JSON strings."""
+    from safetensors.torch import save_file
+
+    tmp = Path(path).with_suffix(".tmp")
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+    save_file(tensors, str(tmp), metadata={k: json.dumps(v) for k, v in metadata.items()})
+    os.replace(tmp, path)
+
+
+def model_weights(step_path: Path) -> dict[str, torch.Tensor]:
+    """The full model weights stored in a checkpoint directory (DDP/DCP or DeepSpeed ZeRO 1-3), on CPU."""
+    step_path = Path(step_path)
+    deepspeed_file = step_path / "mp_rank_00_model_states.pt"
+    if deepspeed_file.exists():  # ZeRO-1/2: rank 0 wrote the whole module
+        return torch.load(deepspeed_file, map_location="cpu", weights_only=True)["module"]
+    if list(step_path.glob("zero_pp_rank_*_model_states.pt")):  # ZeRO-3: gather the partitions
+        # (DeepSpeed's own converter; note that it unpickles with weights_only=False.)
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return dict(get_fp32_state_dict_from_zero_checkpoint(str(step_path.parent), tag=step_path.name))
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(step_path, Path(tmp) / "state.pt")
+        return torch.load(Path(tmp) / "state.pt", map_location="cpu", weights_only=True)["model"]
+
+
+def load_encoder(run_dir: Path, step_path: Path | None = None) -> torch.nn.Module:
+    """The trained encoder of a run (eval mode): architecture from ``run_dir/config.yaml`` and
+    ``run_dir/model.json`` (input shapes), weights from ``run_dir/model.safetensors`` or, if given,
+    a checkpoint directory."""
+    from omegaconf import OmegaConf
+    from safetensors.torch import load_file
+
+    from eigtrain.models import build_encoder
+
+    run_dir = Path(run_dir)
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    shapes = json.loads((run_dir / MODEL_INFO_NAME).read_text())
+    model = build_encoder(cfg.model, cfg.dim, shapes["input_shape"], shapes["context_shape"])
+    if step_path is None:
+        export = run_dir / EXPORT_NAME
+        if not export.exists():
+            raise FileNotFoundError(f"{export} does not exist: the run has not finished (pass a checkpoint directory)")
+        weights = load_file(str(export))
+    else:
+        weights = model_weights(step_path)
+    model.load_state_dict(weights)
+    return model.eval()

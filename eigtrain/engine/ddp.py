@@ -1,0 +1,124 @@
+"""DDP engine: DistributedDataParallel (gloo on CPU, nccl on GPU), sharded checkpoints via torch.distributed.checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint._traverse import set_element  # the helper DefaultLoadPlanner itself uses
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel
+
+from eigtrain.engine.base import LossFn, StepResult, TermAverager, all_ranks_true, autocast, resolve_precision
+from eigtrain.engine.optim import build_optimizer, set_lr
+
+
+class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
+    """DCP's default planner unpickles non-tensor entries (optimizer hyper-parameters) with
+    weights_only=False; this one refuses anything but plain data."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+@contextlib.contextmanager
+def _single_process_ok():
+    # Without a process group DCP warns on every call that it assumes a single process: that is intended.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process")
+        yield
+
+
+class DDPEngine:
+    name = "ddp"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optim_cfg: Mapping[str, Any],
+        *,
+        device: torch.device,
+        precision: str = "auto",
+        grad_clip: float | None = None,
+        compile: bool = False,
+        channels_last: bool = False,
+    ):
+        self.device = device
+        self.autocast_dtype = resolve_precision(precision, device)
+        self.grad_clip = grad_clip
+        model.to(device)
+        if channels_last:
+            model.to(memory_format=torch.channels_last)
+        self.model = model  # the plain module: state dicts, export
+        self.optimizer = build_optimizer(model, optim_cfg)
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        wrapped: nn.Module = model
+        if distributed:
+            wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.train_module = torch.compile(wrapped) if compile else wrapped
+        self._ddp = wrapped if distributed else None
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return autocast(self.device, self.autocast_dtype)
+
+    def train_step(self, micro_batches: list[Any], loss_fn: LossFn, lr: float) -> StepResult:
+        """Forward/backward over the micro-batches, then one optimizer step unless the loss or the
+        gradient is non-finite on any rank (then the update is skipped and gradients dropped)."""
+        self.model.train()
+        acc = TermAverager()
+        n = len(micro_batches)
+        for i, mb in enumerate(micro_batches):
+            # Gradients are all-reduced only on the last micro-batch.
+            sync = self._ddp.no_sync() if (self._ddp is not None and i < n - 1) else contextlib.nullcontext()
+            with sync:
+                loss, terms = loss_fn(self.train_module, mb)
+                (loss / n).backward()
+            acc.add(loss, terms)
+        loss, terms = acc.mean()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        # DDP already averaged the gradients, so this norm (and the decision below) is the same on all ranks.
+        max_norm = self.grad_clip if self.grad_clip else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        finite = all_ranks_true(bool(torch.isfinite(loss) & torch.isfinite(grad_norm)), self.device)
+        if finite:
+            set_lr(self.optimizer, lr)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss=loss, terms=terms, grad_norm=float(grad_norm), applied=finite)
+
+    # -- checkpoints: every rank writes its shard of model + optimizer into step_dir
+    def _state(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def save(self, step_dir: Path, client_state: Mapping[str, Any]) -> None:
+        # client_state (step, counters) goes to trainer.json, written by the checkpointer.
+        if self._ddp is not None:
+            # BatchNorm statistics drift apart between ranks within a step (DDP re-broadcasts rank 0's at the
+            # next forward). DCP writes each replicated tensor from one rank only: make that rank 0's copy.
+            for buffer in self.model.buffers():
+                dist.broadcast(buffer, src=0)
+        with _single_process_ok():
+            dcp.save(self._state(), checkpoint_id=str(step_dir), no_dist=not dist.is_initialized())
+
+    def load(self, step_dir: Path) -> None:
+        state = self._state()
+        with _single_process_ok():
+            dcp.load(state, checkpoint_id=str(step_dir), planner=WeightsOnlyLoadPlanner(), no_dist=not dist.is_initialized())
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full (unsharded) model weights, on CPU."""
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}

@@ -1,0 +1,127 @@
+"""DeepSpeed engine: ZeRO stages 1-3, checkpoints through DeepSpeed's save_checkpoint/load_checkpoint.
+
+DeepSpeed is imported lazily: it is slow to import and only this engine needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from eigtrain.engine.base import LossFn, StepResult, TermAverager, autocast, resolve_precision
+from eigtrain.engine.optim import build_optimizer, set_lr
+
+ZERO_STAGES = (1, 2, 3)
+
+
+def _weights_only_load(path: str, map_location: Any = None) -> Any:
+    # DeepSpeed's TorchCheckpointEngine loads with weights_only=False; allow only the three plain
+    # DeepSpeed classes its ZeRO checkpoints contain.
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    with torch.serialization.safe_globals([LossScaler, ZeroStageEnum, fragment_address]):
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+
+class DeepSpeedEngine:
+    name = "deepspeed"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optim_cfg: Mapping[str, Any],
+        *,
+        device: torch.device,
+        stage: int,
+        micro_batch_size: int,
+        grad_accum_steps: int,
+        precision: str = "auto",
+        grad_clip: float | None = None,
+        compile: bool = False,
+        channels_last: bool = False,
+        extra_config: Mapping[str, Any] | None = None,
+    ):
+        import deepspeed
+        from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+
+        if stage not in ZERO_STAGES:
+            raise ValueError(f"engine.zero_stage={stage} is not supported; allowed: {', '.join(map(str, ZERO_STAGES))}")
+        if not dist.is_initialized():
+            # DeepSpeed needs a process group even for a single process; a local store needs no port.
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+        self.device = device
+        self.autocast_dtype = resolve_precision(precision, device)
+        model.to(device)
+        if channels_last:
+            model.to(memory_format=torch.channels_last)
+        config = {
+            "train_micro_batch_size_per_gpu": micro_batch_size,
+            "gradient_accumulation_steps": grad_accum_steps,
+            "gradient_clipping": float(grad_clip or 0.0),
+            # Parameters stay fp32 (DeepSpeed's own fp16/bf16 modes are off); the encoder forward runs
+            # under torch.autocast like the DDP engine, and the objective in fp32.
+            "zero_optimization": {"stage": stage},
+            "zero_allow_untested_optimizer": True,  # SGD / LARS under ZeRO
+            "steps_per_print": 2**31 - 1,
+            "wall_clock_breakdown": False,
+            **(dict(extra_config) if extra_config else {}),
+        }
+        self.ds, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=build_optimizer(model, optim_cfg), config=config, dist_init_required=False
+        )
+        if isinstance(self.ds.checkpoint_engine, TorchCheckpointEngine):
+            self.ds.checkpoint_engine.load = _weights_only_load
+        if compile:
+            self.ds.compile()
+        self.stage = stage
+        self.model = self.ds.module
+        self.train_module = self.ds
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return autocast(self.device, self.autocast_dtype)
+
+    def train_step(self, micro_batches: list[Any], loss_fn: LossFn, lr: float) -> StepResult:
+        """DeepSpeed scales, reduces, clips and applies; its ZeRO optimizer checks the gradients for
+        inf/NaN on all ranks before the update and skips it (counted in ``skipped_steps``)."""
+        self.ds.train()
+        acc = TermAverager()
+        skipped_before = self.ds.skipped_steps
+        for i, mb in enumerate(micro_batches):
+            loss, terms = loss_fn(self.ds, mb)
+            acc.add(loss, terms)
+            # A non-finite loss must never be applied, even if its gradient happened to be finite: a
+            # constant factor (exactly 1, or NaN) makes every gradient NaN so the overflow check fires.
+            loss = loss * torch.where(torch.isfinite(loss.detach()), 1.0, float("nan"))
+            self.ds.backward(loss)
+            if i == len(micro_batches) - 1:
+                set_lr(self.optimizer, lr)
+            self.ds.step()  # an update only at the accumulation boundary
+        loss, terms = acc.mean()
+        applied = self.ds.skipped_steps == skipped_before
+        grad_norm = self.ds.get_global_grad_norm()
+        grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+        return StepResult(loss=loss, terms=terms, grad_norm=grad_norm, applied=applied)
+
+    def save(self, step_dir: Path, client_state: Mapping[str, Any]) -> None:
+        # Every rank writes its ZeRO partition; no "latest" file (eigtrain.checkpoint does discovery).
+        self.ds.save_checkpoint(str(step_dir.parent), tag=step_dir.name, client_state=dict(client_state), save_latest=False)
+
+    def load(self, step_dir: Path) -> None:
+        path, _ = self.ds.load_checkpoint(str(step_dir.parent), tag=step_dir.name, load_lr_scheduler_states=False)
+        if path is None:
+            raise FileNotFoundError(f"DeepSpeed could not load the checkpoint in {step_dir}")
+
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full model weights on CPU (ZeRO-3 gathers them; only rank 0 gets them then)."""
+        if self.stage == 3:
+            sd = self.ds._zero3_consolidated_16bit_state_dict() or {}
+        else:
+            sd = self.model.state_dict()
+        return {k: v.detach().cpu() for k, v in sd.items()}

@@ -1,0 +1,58 @@
+"""Optimizers (SGD, LARS, AdamW) and the learning-rate schedule, a pure function of the step."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+OPTIMIZERS = ("sgd", "lars", "adamw")
+SCHEDULES = ("cosine", "constant")
+
+
+def _param_groups(model: nn.Module, weight_decay: float, exclude_bias_and_norm: bool) -> list[dict[str, Any]]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not exclude_bias_and_norm:
+        return [{"params": params, "weight_decay": weight_decay}]
+    # Biases and normalization scales are 1-d; decaying them (or LARS-adapting them) hurts SSL training.
+    decay = [p for p in params if p.ndim > 1]
+    no_decay = [p for p in params if p.ndim <= 1]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: Mapping[str, Any]) -> torch.optim.Optimizer:
+    """Optimizer from the ``optim`` config group. The learning rate is set every step from ``lr_at``."""
+    name = cfg["name"]
+    groups = _param_groups(model, cfg["weight_decay"], cfg.get("exclude_bias_and_norm", False))
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg["lr"], momentum=cfg.get("momentum", 0.9), nesterov=cfg.get("nesterov", False))
+    if name == "lars":
+        from timm.optim import Lars  # noqa: PLC0415  (timm is slow to import)
+
+        # timm's LARS adapts only parameters with weight decay, so excluded groups get plain SGD.
+        return Lars(groups, lr=cfg["lr"], momentum=cfg.get("momentum", 0.9), trust_coeff=cfg.get("trust_coeff", 0.001))
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg["lr"], betas=tuple(cfg.get("betas", (0.9, 0.999))), eps=cfg.get("eps", 1e-8))
+    raise ValueError(f"optim.name={name!r} is not known; allowed: {', '.join(OPTIMIZERS)}")
+
+
+def lr_at(step: int, cfg: Mapping[str, Any], total_steps: int) -> float:
+    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine decay to ``final_lr``.
+
+    A pure function of the step, so resuming needs no scheduler state.
+    """
+    base, warmup = float(cfg["lr"]), int(cfg.get("warmup_steps", 0))
+    if step < warmup:
+        return base * (step + 1) / warmup
+    if cfg.get("schedule", "cosine") == "constant":
+        return base
+    final = float(cfg.get("final_lr", 0.0))
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    return final + 0.5 * (base - final) * (1.0 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

@@ -1,0 +1,100 @@
+"""Backbones: timm ResNets and ViTs for images, a tiny CNN for CPU runs, an MLP for vectors.
+
+Every builder returns a module mapping a batch to (batch, num_features) and exposing
+``num_features``; the projector head is added by ``eigtrain.models.encoder``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+IMAGE_BACKBONES = ("tiny_cnn", "resnet18", "resnet50", "vit_tiny", "vit_small")
+VECTOR_BACKBONES = ("mlp",)
+BACKBONES = IMAGE_BACKBONES + VECTOR_BACKBONES
+
+_TIMM_NAMES = {
+    "resnet18": "resnet18",
+    "resnet50": "resnet50",
+    "vit_tiny": "vit_tiny_patch16_224",
+    "vit_small": "vit_small_patch16_224",
+}
+
+
+class TinyCNN(nn.Module):
+    """Three conv blocks and global average pooling: trains in seconds on CPU (digits, 8x8)."""
+
+    def __init__(self, in_chans: int, width: int = 32):
+        super().__init__()
+
+        def block(c_in: int, c_out: int, stride: int) -> list[nn.Module]:
+            return [nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+
+        self.body = nn.Sequential(
+            *block(in_chans, width, 1), *block(width, 2 * width, 2), *block(2 * width, 2 * width, 1),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        )
+        self.num_features = 2 * width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class MLP(nn.Module):
+    """Fully connected GELU network for vector inputs (synthetic kernels, stored feature pairs)."""
+
+    def __init__(self, in_features: int, width: int = 128, depth: int = 4):
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten()]
+        for i in range(depth):
+            layers += [nn.Linear(in_features if i == 0 else width, width), nn.GELU()]
+        self.body = nn.Sequential(*layers)
+        self.num_features = width if depth > 0 else in_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def _cifar_stem(resnet: nn.Module, in_chans: int) -> None:
+    # Small images (32x32): a 3x3 stride-1 first conv and no max-pool keep the spatial resolution
+    # (the usual SimCLR/SimSiam CIFAR variant).
+    width = resnet.conv1.out_channels
+    resnet.conv1 = nn.Conv2d(in_chans, width, kernel_size=3, stride=1, padding=1, bias=False)
+    resnet.maxpool = nn.Identity()
+
+
+def build_backbone(
+    name: str,
+    input_shape: Sequence[int],
+    *,
+    cifar_stem: bool = False,
+    patch_size: int = 16,
+    width: int = 32,
+    depth: int = 4,
+) -> nn.Module:
+    """Build a backbone for inputs of ``input_shape`` ((C, H, W) for images, (n,) for vectors)."""
+    if name not in BACKBONES:
+        raise ValueError(f"model.backbone={name!r} is not known; allowed: {', '.join(BACKBONES)}")
+    if name in VECTOR_BACKBONES:
+        n_in = int(torch.Size(input_shape).numel())
+        return MLP(n_in, width=width, depth=depth)
+    if len(input_shape) != 3:
+        raise ValueError(f"model.backbone={name!r} needs image inputs (C, H, W); the data gives shape {tuple(input_shape)}")
+    in_chans, height, wide = (int(s) for s in input_shape)
+    if name == "tiny_cnn":
+        return TinyCNN(in_chans, width=width)
+    import timm  # noqa: PLC0415  (slow to import; the tiny CNN and the MLP do not need it)
+
+    if name.startswith("vit"):
+        if height % patch_size or wide % patch_size:
+            raise ValueError(f"model.patch_size={patch_size} must divide the image size {height}x{wide}")
+        return timm.create_model(
+            _TIMM_NAMES[name], pretrained=False, num_classes=0, in_chans=in_chans,
+            img_size=(height, wide), patch_size=patch_size,
+        )
+    resnet = timm.create_model(_TIMM_NAMES[name], pretrained=False, num_classes=0, in_chans=in_chans)
+    if cifar_stem:
+        _cifar_stem(resnet, in_chans)
+    return resnet

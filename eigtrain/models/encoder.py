@@ -1,0 +1,87 @@
+"""Encoders: backbone + projector MLP, and the two-encoder module for stored pairs (SVD case)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from eigtrain.models.backbones import build_backbone
+
+
+class Projector(nn.Sequential):
+    """``layers`` hidden blocks Linear -> BatchNorm -> ReLU, then a linear output of width ``dim``."""
+
+    def __init__(self, in_features: int, dim: int, hidden: int = 2048, layers: int = 2, batch_norm: bool = True):
+        blocks: list[nn.Module] = []
+        width = in_features
+        for _ in range(layers):
+            blocks += [nn.Linear(width, hidden, bias=not batch_norm)]
+            blocks += [nn.BatchNorm1d(hidden)] if batch_norm else []
+            blocks += [nn.ReLU(inplace=True)]
+            width = hidden
+        blocks.append(nn.Linear(width, dim))
+        super().__init__(*blocks)
+
+
+class Encoder(nn.Module):
+    """z = projector(backbone(x)). ``features`` gives the backbone output (linear probes, export)."""
+
+    def __init__(self, backbone: nn.Module, projector: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        self.projector = projector
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.projector(self.backbone(x))
+
+
+class PairEncoder(nn.Module):
+    """Two encoders for stored pairs (x, a): phi embeds inputs, psi embeds contexts (SVD case)."""
+
+    def __init__(self, phi: Encoder, psi: Encoder):
+        super().__init__()
+        self.phi = phi
+        self.psi = psi
+
+    def forward(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.phi(x), self.psi(a)
+
+
+def _build_one(cfg: Mapping[str, Any], dim: int, input_shape: Sequence[int]) -> Encoder:
+    backbone = build_backbone(
+        cfg["backbone"], input_shape,
+        cifar_stem=cfg.get("cifar_stem", False), patch_size=cfg.get("patch_size", 16),
+        width=cfg.get("width", 32), depth=cfg.get("depth", 4),
+    )
+    projector = Projector(
+        backbone.num_features, dim, hidden=cfg.get("projector_hidden", 2048),
+        layers=cfg.get("projector_layers", 2), batch_norm=cfg.get("projector_batch_norm", True),
+    )
+    return Encoder(backbone, projector)
+
+
+def build_encoder(
+    cfg: Mapping[str, Any], dim: int, input_shape: Sequence[int], context_shape: Sequence[int] | None = None
+) -> Encoder | PairEncoder:
+    """Build the encoder described by the ``model`` config group.
+
+    With ``context_shape`` (pairs data) this returns a ``PairEncoder``: ``phi`` for inputs of
+    ``input_shape`` and ``psi`` for contexts, whose architecture is ``cfg.context`` merged over ``cfg``
+    (``context: null`` means the same architecture as ``phi``).
+    """
+    encoder = _build_one(cfg, dim, input_shape)
+    if context_shape is None:
+        return encoder
+    context_cfg = {k: v for k, v in cfg.items() if k != "context"}
+    context_cfg.update(cfg.get("context") or {})
+    return PairEncoder(encoder, _build_one(context_cfg, dim, context_shape))
+
+
+def convert_sync_batch_norm(model: nn.Module) -> nn.Module:
+    """BatchNorm statistics over the global batch (multi-GPU runs with small per-rank batches)."""
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)

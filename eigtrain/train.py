@@ -1,0 +1,213 @@
+"""eigtrain-train: pretrain an encoder on shards with any objective and nesting (Hydra entry point).
+
+    eigtrain-train experiment=cpu_debug                                   # one CPU process, seconds
+    torchrun --nproc_per_node 8 -m eigtrain.train experiment=cifar10_scl  # one node
+    eigtrain-train experiment=cifar10_scl launcher=slurm launcher.nodes=4 launcher.gpus_per_node=8
+
+Data flows one way: shards -> loader (decode only) -> device -> augmentation -> encoder -> objective.
+A run resumes automatically from the newest complete checkpoint in ``run_dir``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from eigtrain import checkpoint as ckpt
+from eigtrain import dist
+from eigtrain.config_check import ConfigError, validate
+from eigtrain.data import ShardStream, build_augment, read_index
+from eigtrain.engine import build_engine, chunks, lr_at
+from eigtrain.metrics_log import MetricsLog, Progress, Throughput, stable_run_id, write_run_records
+from eigtrain.models import build_encoder, convert_sync_batch_norm
+from eigtrain.objectives import build_objective
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+log = logging.getLogger("eigtrain.train")
+
+
+class NonFiniteError(RuntimeError):
+    """Too many steps with a non-finite loss or gradient."""
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """The composed training config, as the command line would build it (for tests, tools, launchers)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def prepare_data(cfg: DictConfig, rank: int):
+    """The shard index; rank 0 first writes the demo shards when configured and missing."""
+    root = Path(cfg.root)
+    if not (root / "index.json").exists() and cfg.write_if_missing:
+        if rank == 0:
+            from eigtrain.data.write import main as write_shards_cli
+
+            write_shards_cli([f"source={cfg.write_if_missing}", f"out={root}", f"shard_size={cfg.shard_size}"])
+        dist.barrier()
+    index = read_index(root)
+    meta, size = index.meta, cfg.view_size or cfg.image_size or index.meta["image_shape"][1:]
+    x_shape = (int(meta.get("channels", meta["image_shape"][0])), *map(int, size))
+    if cfg.mode == "views":
+        return x_shape, None
+    return x_shape, (tuple(meta["a_shape"]) if meta.get("a_kind") == "vector" else x_shape)
+
+
+def make_loss_fn(engine, objective, pairs: bool):
+    """loss_fn(module, (first, second)) for engine.train_step: encoder under autocast, objective in fp32."""
+
+    def loss_fn(module, micro):
+        first, second = micro
+        with engine.autocast():
+            # Views: one forward over both (one pass through BatchNorm and the wrapper); pairs: phi(x), psi(a).
+            z1, z2 = module(first, second) if pairs else module(torch.cat([first, second])).chunk(2)
+        return objective(z1.float(), z2.float())
+
+    return loss_fn
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Train as ``cfg`` says (one rank of the job); returns the final step, loss and paths."""
+    env = dist.resolve_env()
+    micro_batch, accum = validate(cfg, env.world_size)  # before any expensive work
+    nest, coefficients = cfg.nesting, {k: v for k, v in cfg.objective.items() if k != "name"}
+    objective = build_objective(cfg.objective.name, cfg.dim, nesting=nest.mode, prefixes=nest.prefixes,
+                                weights=nest.weights, pairs=cfg.data.mode == "pairs", **coefficients)
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    threads, had_group = torch.get_num_threads(), torch.distributed.is_initialized()
+    torch.set_num_threads(cfg.cpu_threads or threads)
+    dist.init_distributed(env, backend="nccl" if use_cuda else "gloo", timeout_s=cfg.dist_timeout_s)
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")  # set by init
+    # Only the multi-process group made here is destroyed at the end; the one-process group the DeepSpeed
+    # engine makes for itself stays (DeepSpeed caches its groups for the life of the process).
+    owns_group = torch.distributed.is_initialized() and not had_group
+    logging.basicConfig(level=logging.INFO if env.rank == 0 else logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        return _train(cfg, env, device, objective.to(device), micro_batch, accum)
+    finally:  # leave the process as it was (tests and launchers call run() in-process)
+        torch.set_num_threads(threads)
+        if owns_group:
+            dist.destroy()
+
+
+def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, micro_batch: int, accum: int) -> dict[str, Any]:
+    rank, world, rank0, data, pairs = env.rank, env.world_size, env.rank == 0, cfg.data, cfg.data.mode == "pairs"
+    run_dir = Path(cfg.run_dir)
+    x_shape, a_shape = prepare_data(data, rank)
+    ckpt.seed_all(cfg.seed)  # the same initial weights on every rank
+    model = build_encoder(cfg.model, cfg.dim, x_shape, a_shape)
+    if cfg.model.sync_batch_norm and world > 1:
+        model = convert_sync_batch_norm(model)
+    engine = build_engine(cfg.engine, cfg.optim, model, device=device, micro_batch_size=micro_batch, grad_accum_steps=accum)
+    stream = ShardStream(data.root, split=data.split, batch_size=cfg.batch_size // world, rank=rank, world_size=world,
+                         num_workers=data.num_workers, seed=cfg.seed, mode=data.mode, image_size=data.image_size,
+                         resampled=data.resampled, max_corrupt=data.max_corrupt)
+    mean, std = (tuple(v) if v else None for v in (data.mean, data.std))
+    augment = build_augment(data.augment, image_size=data.view_size, mean=mean, std=std).to(device)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(ckpt.seed_all(cfg.seed, rank, 1))  # per-rank randomness from here on
+    log.info("%d rank(s) on %s; per-rank micro-batch %d x %d accumulation; %.2fM parameters", world, device,
+             micro_batch, accum, sum(p.numel() for p in model.parameters()) / 1e6)
+
+    checkpoints = ckpt.Checkpointer(run_dir / "checkpoints", engine, keep_last=cfg.keep_last, rank=rank, world_size=world)
+    latest, trainer_state, rank_state = checkpoints.resume()
+    state = {"step": 0, "samples": 0, "skipped_steps": 0, "wandb_id": None, **trainer_state}
+    if latest:
+        stream.load_state_dict(rank_state["data"])
+        if "rng" in rank_state:
+            ckpt.set_rng_state(rank_state["rng"], {"augment": generator})
+        log.info("resumed from %s (step %d)", latest, state["step"])
+    model_info = {"dim": cfg.dim, "input_shape": list(x_shape), "context_shape": list(a_shape) if a_shape else None}
+    if rank0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        state["wandb_id"] = stable_run_id(run_dir, state["wandb_id"])
+        write_run_records(run_dir, OmegaConf.to_yaml(cfg, resolve=True), model_info, CONFIG_DIR.parent)
+        metrics = MetricsLog(run_dir, wandb_cfg=cfg.logging.wandb, run_id=state["wandb_id"],
+                             config=OmegaConf.to_container(cfg, resolve=True), resume_step=state["step"])
+        progress = Progress(cfg.steps, state["step"], enabled=cfg.logging.progress)
+
+    keep_multiple = accum * (2 if objective.split_batch else 1)
+
+    def inputs(batch: dict) -> list:
+        """uint8 batch -> device -> augmented, normalized views (or pairs) -> micro-batches."""
+        if pairs:
+            x, a = (batch[k].to(device, non_blocking=True) for k in ("x", "a"))
+            first, second = augment.view(x, generator, 0), (augment.view(a, generator, 1) if a.dtype == torch.uint8 else a)
+        else:
+            first, second = augment(batch["image"].to(device, non_blocking=True), generator=generator)
+        keep = len(first) - len(first) % keep_multiple  # a batch shortened by dropped corrupt samples
+        first, second = first[:keep], second[:keep]
+        if cfg.engine.channels_last and first.ndim == 4:
+            first, second = (t.contiguous(memory_format=torch.channels_last) for t in (first, second))
+        return list(zip(chunks(first, accum), chunks(second, accum)))
+
+    loss_fn, end = make_loss_fn(engine, objective, pairs), min(cfg.steps, cfg.stop_after or cfg.steps)
+    throughput, batches = Throughput(), iter(stream)
+    saved, pending_save, stop, result = latest or None, False, False, None
+    try:
+        while state["step"] < end and not stop:
+            t0 = time.perf_counter()
+            batch = next(batches)
+            throughput.add(cfg.batch_size, time.perf_counter() - t0)
+            lr = lr_at(state["step"], cfg.optim, cfg.steps)
+            result = engine.train_step(inputs(batch), loss_fn, lr)
+            state["step"], state["samples"] = state["step"] + 1, state["samples"] + cfg.batch_size
+            step = state["step"]
+            if not result.applied:
+                state["skipped_steps"] += 1
+                log.warning("step %d: non-finite loss or gradient, update skipped (%d so far)", step, state["skipped_steps"])
+                if state["skipped_steps"] > cfg.max_nonfinite_steps:
+                    raise NonFiniteError(
+                        f"{state['skipped_steps']} steps had a non-finite loss or gradient, more than "
+                        f"max_nonfinite_steps={cfg.max_nonfinite_steps}; stopped at step {step}; last good checkpoint: {saved}")
+            if rank0 and (step % cfg.log_every == 0 or step == end):
+                rate, wait = throughput.read()
+                metrics.log(step, {"loss": result.loss, **result.terms, "lr": lr, "grad_norm": result.grad_norm,
+                                   "samples": state["samples"], "samples_per_s": rate, "data_wait": wait,
+                                   "skipped_steps": state["skipped_steps"]})
+                progress.update(step, loss=float(result.loss), samples_per_s=rate, data_wait=wait,
+                                eigenvalues=result.terms.get("eigenvalues"))
+            stop = dist.stop_requested()  # a signal on any rank: save now, on all ranks, and leave
+            pending_save = pending_save or step % cfg.checkpoint_every == 0
+            # No periodic checkpoint right after a skipped update (statistics may be NaN); the last one always.
+            if (pending_save and result.applied) or step == end or stop:
+                saved = checkpoints.save(step, state, {"rng": ckpt.rng_state({"augment": generator}), "data": stream.state_dict()})
+                pending_save = False
+        final_weights = engine.model_state_dict() if state["step"] == cfg.steps else None  # a collective for ZeRO-3
+        if rank0 and final_weights is not None:
+            ckpt.export_model(run_dir / ckpt.EXPORT_NAME, final_weights, {"step": state["step"], **model_info})
+    finally:
+        if rank0:
+            metrics.close()
+            progress.close()
+    return {"step": state["step"], "loss": float(result.loss) if result is not None else None, "run_dir": str(run_dir),
+            "checkpoint": str(saved) if saved else None, "skipped_steps": state["skipped_steps"], "stopped_on_signal": stop}
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    from launch import launch
+
+    try:
+        if cfg.launcher.name == "slurm":  # check on the login node, before anything is submitted
+            tasks = cfg.launcher.tasks_per_node or max(1, cfg.launcher.gpus_per_node)
+            validate(cfg, world_size=cfg.launcher.nodes * tasks)
+        launch(cfg.launcher, run, cfg)
+    except ConfigError as exn:
+        raise SystemExit(f"eigtrain-train: config error: {exn}") from None
+
+
+def main() -> None:
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

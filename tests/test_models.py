@@ -1,0 +1,65 @@
+"""Encoders: output shapes of every backbone, the CIFAR stem, the projector, the two-encoder module."""
+
+import pytest
+import torch
+
+from eigtrain.models import Encoder, PairEncoder, build_backbone, build_encoder
+
+BASE = dict(width=8, depth=2, cifar_stem=False, patch_size=8, projector_hidden=32, projector_layers=2,
+            projector_batch_norm=True, sync_batch_norm=False, context=None)
+
+
+@pytest.mark.parametrize("backbone, shape", [
+    ("tiny_cnn", (1, 8, 8)),
+    ("mlp", (5,)),
+    ("resnet18", (3, 32, 32)),
+    ("vit_tiny", (3, 32, 32)),
+])
+def test_encoder_maps_a_batch_to_dim(backbone, shape):
+    torch.manual_seed(0)
+    encoder = build_encoder({**BASE, "backbone": backbone}, dim=12, input_shape=shape)
+    assert isinstance(encoder, Encoder)
+    z = encoder(torch.randn(4, *shape))
+    assert z.shape == (4, 12) and torch.isfinite(z).all()
+    assert encoder.features(torch.randn(4, *shape)).shape == (4, encoder.backbone.num_features)
+
+
+def test_resnet_cifar_stem_keeps_resolution():
+    plain = build_backbone("resnet18", (3, 32, 32))
+    cifar = build_backbone("resnet18", (3, 32, 32), cifar_stem=True)
+    assert plain.conv1.kernel_size == (7, 7) and plain.conv1.stride == (2, 2)
+    assert cifar.conv1.kernel_size == (3, 3) and cifar.conv1.stride == (1, 1)
+    assert isinstance(cifar.maxpool, torch.nn.Identity)
+    x = torch.randn(2, 3, 32, 32)
+    # The stem's output keeps 32x32 (plain: 8x8 after conv1 + max-pool).
+    assert cifar.forward_features(x).shape[-1] == 4 and plain.forward_features(x).shape[-1] == 1
+
+
+def test_vit_image_and_patch_size_are_configurable():
+    vit = build_backbone("vit_small", (3, 48, 48), patch_size=12)
+    assert vit.patch_embed.num_patches == 16 and vit.num_features == 384
+    with pytest.raises(ValueError, match="patch_size=10 must divide the image size 48x48"):
+        build_backbone("vit_tiny", (3, 48, 48), patch_size=10)
+
+
+def test_projector_default_matches_the_paper():
+    encoder = build_encoder({"backbone": "tiny_cnn", "width": 8}, dim=512, input_shape=(3, 8, 8))
+    linears = [m for m in encoder.projector if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(16, 2048), (2048, 2048), (2048, 512)]
+
+
+def test_pair_encoder_has_independent_phi_and_psi_with_context_overrides():
+    cfg = {**BASE, "backbone": "tiny_cnn", "context": {"backbone": "mlp", "width": 16}}
+    pair = build_encoder(cfg, dim=6, input_shape=(1, 8, 8), context_shape=(10,))
+    assert isinstance(pair, PairEncoder)
+    assert pair.psi.backbone.num_features == 16
+    zx, za = pair(torch.randn(3, 1, 8, 8), torch.randn(3, 10))
+    assert zx.shape == za.shape == (3, 6)
+    assert not set(map(id, pair.phi.parameters())) & set(map(id, pair.psi.parameters()))
+
+
+def test_unknown_backbone_and_wrong_input_kind_are_clear_errors():
+    with pytest.raises(ValueError, match="model.backbone='resnet7' is not known; allowed: tiny_cnn"):
+        build_backbone("resnet7", (3, 32, 32))
+    with pytest.raises(ValueError, match="needs image inputs"):
+        build_backbone("resnet18", (10,))

@@ -1,0 +1,92 @@
+"""Two CPU processes under torchrun (gloo): DDP resumed exactly after a stop at N/2, DeepSpeed ZeRO-2
+resumed exactly after a SIGKILL of rank 0 mid-run (which torchrun turns into the end of the whole job);
+and DeepSpeed's skipping of non-finite updates."""
+
+import json
+import socket
+import sys
+import time
+
+import pytest
+
+from eigtrain import checkpoint as ckpt
+from eigtrain.metrics_log import read_metrics
+from tests.test_train_support import REPO, assert_same_final_weights, digits_root, kill_wrapper, losses, overrides, run_cli  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+
+def torchrun(tmp_path, target, *args, timeout=300):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                "--master_port", str(port), *target]
+    return run_cli([*launcher, *args], tmp_path, timeout=timeout)
+
+
+def check(result):
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_torchrun_ddp_two_processes_stop_and_resume_bit_identical(digits_root, tmp_path):  # noqa: F811
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    check(torchrun(tmp_path, ["-m", "eigtrain.train"], *overrides(reference, digits_root)))
+    records = read_metrics(reference)
+    assert [r["step"] for r in records] == list(range(1, 7)) and all(r["loss"] is not None for r in records)
+    step6 = reference / "checkpoints/step-6"
+    assert {"__0_0.distcp", "__1_0.distcp", "rank-0.pt", "rank-1.pt", ckpt.MARKER} <= {p.name for p in step6.iterdir()}
+
+    check(torchrun(tmp_path, ["-m", "eigtrain.train"], *overrides(resumed, digits_root, "stop_after=3")))
+    assert ckpt.latest_checkpoint(resumed / "checkpoints") == resumed / "checkpoints/step-3"
+    check(torchrun(tmp_path, ["-m", "eigtrain.train"], *overrides(resumed, digits_root)))
+    assert losses(resumed) == losses(reference)
+    assert_same_final_weights(resumed, reference)
+
+
+def test_deepspeed_zero2_two_processes_sigkill_and_resume_bit_identical(digits_root, tmp_path):  # noqa: F811
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    ds = ("engine=deepspeed", "engine.zero_stage=2")
+    check(torchrun(tmp_path, ["-m", "eigtrain.train"], *overrides(reference, digits_root, *ds)))
+    step6 = reference / "checkpoints/step-6"
+    assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+            "rank-0.pt", "rank-1.pt", ckpt.MARKER} <= {p.name for p in step6.iterdir()}
+
+    start = time.monotonic()
+    killed = torchrun(tmp_path, [kill_wrapper(tmp_path)], "step", "5", *overrides(resumed, digits_root, *ds))
+    assert killed.returncode != 0 and "SIGKILL" in killed.stderr, killed.stderr[-3000:]
+    assert time.monotonic() - start < 240  # rank 1 does not hang after rank 0 died
+    assert ckpt.latest_checkpoint(resumed / "checkpoints") == resumed / "checkpoints/step-4"
+    check(torchrun(tmp_path, ["-m", "eigtrain.train"], *overrides(resumed, digits_root, *ds)))
+    assert losses(resumed) == losses(reference)
+    assert_same_final_weights(resumed, reference)
+
+
+DEEPSPEED_NAN = """
+import json, sys
+import torch
+import eigtrain.train as train_module
+from eigtrain import checkpoint as ckpt
+from tests.test_train_e2e import Faulty
+build = train_module.build_objective
+train_module.build_objective = lambda *a, **k: Faulty(build(*a, **k), nan_loss_calls={3}, nan_grad_calls={4})
+result = train_module.run(train_module.compose_config(sys.argv[2:]))
+w2, w4 = (ckpt.model_weights(f"{sys.argv[1]}/checkpoints/step-{s}") for s in (2, 4))
+same = all(torch.equal(w2[k], w4[k]) for k in w2 if "running_" not in k and "num_batches" not in k)
+print("RESULT", json.dumps({"skipped": result["skipped_steps"], "params_unchanged": same}))
+"""
+
+
+def test_deepspeed_skips_nonfinite_updates(digits_root, tmp_path):  # noqa: F811
+    # In a subprocess: DeepSpeed keeps its process group for the life of the process.
+    run_dir = tmp_path / "run"
+    args = overrides(run_dir, digits_root, "engine=deepspeed", "steps=4", "checkpoint_every=1", "max_nonfinite_steps=2")
+    out = run_cli(["-c", DEEPSPEED_NAN, str(run_dir), *args], REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.split("RESULT", 1)[1])
+    assert result == {"skipped": 2, "params_unchanged": True}  # NaN loss (step 3), NaN gradient (step 4)
+    assert [r["skipped_steps"] for r in read_metrics(run_dir)] == [0, 0, 1, 2]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
