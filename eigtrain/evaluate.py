@@ -18,6 +18,7 @@ import csv
 import json
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -196,3 +197,107 @@ def _plot(report: dict, path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+# -- eigtrain-eval ---------------------------------------------------------------------------------
+USAGE = """eigtrain-eval: adaptive-dimension evaluation of a trained run or of stored features.
+
+    eigtrain-eval run_dir=DIR [rr=DIR] [jn_run_dir=DIR] [ff_run_dirs=[DIR4,DIR8]] [probe=sgd|closed_form]
+                  [random_draws=50] [dims=[4,8,16]] [train_split=train] [test_split=val] [out=DIR]
+    eigtrain-eval features=FILE.npz rr=DIR out=DIR     # arrays train_z, train_y, test_z, test_y
+
+RR uses the Rayleigh-Ritz export (default run_dir/rr, written by eigtrain-rr); JN is the run's own
+coordinates when it was trained with joint nesting, or those of jn_run_dir; FF are runs trained at each
+smaller dimension; RS are random subsets of the run's coordinates.
+"""
+
+
+@dataclass
+class EvalConfig:
+    run_dir: str | None = None
+    features: str | None = None
+    rr: str | None = None
+    jn_run_dir: str | None = None
+    ff_run_dirs: list[str] = field(default_factory=list)
+    train_split: str = "train"
+    test_split: str = "val"
+    probe: str = "sgd"
+    random_draws: int = 50
+    dims: list[int] | None = None
+    out: str | None = None
+    device: str = "cpu"
+    seed: int = 0
+
+
+def _load_features(path: str):
+    import numpy as np
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"features file {path} does not exist")
+    with np.load(path) as data:
+        missing = [k for k in ("train_z", "train_y", "test_z", "test_y") if k not in data]
+        if missing:
+            raise ValueError(f"{path} lacks array(s) {missing}")
+        return tuple(torch.from_numpy(data[k]) for k in ("train_z", "train_y", "test_z", "test_y"))
+
+
+def evaluate(cfg) -> tuple[dict, dict]:
+    from .embed import embed_split, open_run
+    from .export import load_head
+
+    if bool(cfg.run_dir) == bool(cfg.features):
+        raise ValueError("give exactly one of run_dir= or features=")
+    if cfg.features:
+        train_z, train_y, test_z, test_y = _load_features(cfg.features)
+        nested, out = False, Path(cfg.out or Path(cfg.features).with_suffix(""))
+    else:
+        run = open_run(cfg.run_dir, device=cfg.device)
+        (train_z, train_y), (test_z, test_y) = (embed_split(run, s, device=cfg.device) for s in (cfg.train_split, cfg.test_split))
+        nested, out = run.cfg.nesting.mode != "none", Path(cfg.out or run.run_dir / "eval")
+    train, test = {"raw": train_z}, {"raw": test_z}
+    rr_dir = cfg.rr or (Path(cfg.run_dir) / "rr" if cfg.run_dir else None)
+    if rr_dir and (Path(rr_dir) / "rr.safetensors").exists():
+        head = load_head(rr_dir, dtype=torch.float64)
+        train["rr"], test["rr"] = head(train_z.double()).float(), head(test_z.double()).float()
+    elif cfg.rr:
+        raise FileNotFoundError(f"no Rayleigh-Ritz export at {cfg.rr} (run eigtrain-rr first)")
+    if nested:
+        train["jn"], test["jn"] = train_z, test_z
+    if cfg.jn_run_dir:
+        jn = open_run(cfg.jn_run_dir, device=cfg.device)
+        train["jn"], test["jn"] = (embed_split(jn, s, device=cfg.device)[0] for s in (cfg.train_split, cfg.test_split))
+    fixed = {}
+    for ff_dir in cfg.ff_run_dirs:
+        ff = open_run(ff_dir, device=cfg.device)
+        fixed[int(ff.cfg.dim)] = tuple(embed_split(ff, s, device=cfg.device)[0] for s in (cfg.train_split, cfg.test_split))
+    dims = list(cfg.dims) if cfg.dims else dims_for(train_z.shape[1])
+    report = adaptive_dimension_table(train, test, train_y, test_y, dims, fixed=fixed, random_draws=cfg.random_draws,
+                                      probe=cfg.probe, seed=cfg.seed)
+    title = f"Accuracy (%) by representation size — {Path(cfg.run_dir or cfg.features).name}"
+    return report, write_report(report, out, title)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    from omegaconf import OmegaConf
+
+    args = sys.argv[1:] if argv is None else argv
+    if args in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    try:
+        bad = [a for a in args if "=" not in a]
+        if bad:
+            raise ValueError(f"arguments must be key=value, got {bad}")
+        try:
+            cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalConfig), OmegaConf.from_dotlist(args)))
+        except Exception as error:  # omegaconf names the bad key
+            raise ValueError(str(error).splitlines()[0]) from None
+        report, paths = evaluate(cfg)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"eigtrain-eval: {error}", file=sys.stderr)
+        return 2
+    print(paths["markdown"].read_text())
+    print("\n".join(f"{name}: {path}" for name, path in paths.items()))
+    return 0
