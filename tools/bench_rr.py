@@ -1,0 +1,77 @@
+"""Benchmark the Rayleigh-Ritz reduction against plain encoder inference over the same data.
+
+    python tools/bench_rr.py [--run-dir DIR] [--repeats 3]
+
+Without --run-dir it first trains the cpu_debug experiment (digits, tiny CNN) into a temporary directory.
+Both passes stream the whole train split once (one_pass, same workers, same augmentation, same encoder);
+the reduction adds the float64 moment updates. Passes are interleaved and the medians compared, so the
+ratio is meaningful on a noisy shared machine. Prints JSON; goal: overhead <= 5%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from eigtrain.data import build_augment
+from eigtrain.embed import _stream, normalization, open_run
+from eigtrain.rayleigh_ritz import RRAccumulator
+
+
+@torch.no_grad()
+def one_pass(run, reduce: bool, batch_size: int, workers: int) -> tuple[float, int]:
+    data = run.cfg.data
+    augment = build_augment(data.augment, image_size=data.view_size, **normalization(data))
+    generator = torch.Generator().manual_seed(0)
+    acc = RRAccumulator(run.cfg.dim) if reduce else None
+    seen, start = 0, time.perf_counter()
+    for batch in _stream(run, "train", batch_size, workers, 0, 1):
+        v1, v2 = augment(batch["image"], generator=generator)
+        z1, z2 = run.encoder(torch.cat([v1, v2])).chunk(2)
+        if reduce:
+            acc.update(z1, z2)
+        seen += len(z1)
+    return time.perf_counter() - start, seen
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args()
+
+    tmp = None
+    if args.run_dir is None:
+        from eigtrain.train import compose_config, run as train
+
+        tmp = tempfile.TemporaryDirectory()
+        args.run_dir = str(Path(tmp.name) / "run")
+        train(compose_config(["experiment=cpu_debug", f"run_dir={args.run_dir}", f"data.root={Path(tmp.name) / 'digits'}",
+                              "logging.progress=false", "logging.wandb.mode=disabled"]))
+    run = open_run(args.run_dir)
+    one_pass(run, True, args.batch_size, args.workers)  # warm-up (worker start, caches)
+    plain, reduced = [], []
+    for _ in range(args.repeats):
+        plain.append(one_pass(run, False, args.batch_size, args.workers))
+        reduced.append(one_pass(run, True, args.batch_size, args.workers))
+    t_plain, t_reduced = statistics.median(t for t, _ in plain), statistics.median(t for t, _ in reduced)
+    n = plain[0][1]
+    print(json.dumps({
+        "run_dir": args.run_dir, "samples": n, "dim": run.cfg.dim, "threads": torch.get_num_threads(),
+        "inference_samples_per_s": n / t_plain, "reduction_samples_per_s": n / t_reduced,
+        "overhead": t_reduced / t_plain - 1.0, "goal": "overhead <= 0.05",
+    }, indent=2))
+    if tmp is not None:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# CI step: clone this repository into an empty temporary directory and run the README's main-job command
+# exactly as written, at a reduced size through its documented override (STEPS), then check that what a
+# user looks at exists and is readable: the accuracy table, the export, and PNG plots with content.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+git clone -q "$repo" "$work/eigtrain"
+cd "$work/eigtrain"
+STEPS=${STEPS:-40} bash tools/quickstart.sh
+.venv/bin/python - <<'PY'
+import json
+from pathlib import Path
+from PIL import Image
+
+run = Path("runs/quickstart")
+table = (run / "eval" / "table.md").read_text()
+assert "| RR |" in table and "| RS |" in table, table
+report = json.loads((run / "eval" / "report.json").read_text())
+assert all(0.0 <= v <= 1.0 for row in report["accuracy"].values() for v in row.values())
+manifest = json.loads((run / "rr" / "manifest.json").read_text())
+assert manifest["n"] > 0 and (run / "rr" / "rr.safetensors").stat().st_size > 0
+for png in (run / "eval" / "accuracy_vs_dim.png", run / "rr" / "eigenvalues.png"):
+    image = Image.open(png)
+    image.verify()
+    image = Image.open(png).convert("L")
+    colors = image.getcolors(maxcolors=1 << 16)
+    assert image.size[0] >= 300 and colors and len(colors) > 10, f"{png} looks blank"
+print("quickstart outputs OK:", run / "eval" / "table.md", run / "eval" / "accuracy_vs_dim.png", run / "rr" / "eigenvalues.png")
+PY

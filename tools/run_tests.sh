@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set everything up on a fresh machine (Python venv, the package with its dev extra, the local Slurm
+# cluster's Debian packages) and run the whole test suite. This is the command .ci/run runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev]'
+exec .venv/bin/python -m pytest -q --durations=15 "$@"
