@@ -24,16 +24,14 @@ from typing import Mapping
 
 import torch
 
+from .objectives.nesting import mrl_prefixes
+
 F32 = torch.float32
 
 
 def dims_for(d: int) -> list[int]:
-    """{4, 8, 16, ..., d} (d always included)."""
-    dims, k = [], 4
-    while k < d:
-        dims.append(k)
-        k *= 2
-    return dims + [d]
+    """{4, 8, 16, ..., d} (d always included): the paper's representation sizes."""
+    return mrl_prefixes(d)
 
 
 def _standardize(train: torch.Tensor, test: torch.Tensor):
@@ -280,20 +278,14 @@ def evaluate(cfg) -> tuple[dict, dict]:
 def main(argv: list[str] | None = None) -> int:
     import sys
 
-    from omegaconf import OmegaConf
+    from .cli import parse_key_values
 
     args = sys.argv[1:] if argv is None else argv
     if args in (["-h"], ["--help"]):
         print(USAGE)
         return 0
     try:
-        bad = [a for a in args if "=" not in a]
-        if bad:
-            raise ValueError(f"arguments must be key=value, got {bad}")
-        try:
-            cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalConfig), OmegaConf.from_dotlist(args)))
-        except Exception as error:  # omegaconf names the bad key
-            raise ValueError(str(error).splitlines()[0]) from None
+        cfg = parse_key_values(EvalConfig, args)
         report, paths = evaluate(cfg)
     except (ValueError, FileNotFoundError) as error:
         print(f"eigtrain-eval: {error}", file=sys.stderr)

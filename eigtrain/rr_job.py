@@ -18,9 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
-
 from . import dist as edist
+from .cli import parse_key_values
 from .export import file_sha256, save_export
 from .rayleigh_ritz import MODES, RRAccumulator, solve
 
@@ -51,14 +50,7 @@ class RRJobConfig:
 
 
 def parse_args(argv: list[str]) -> RRJobConfig:
-    bad = [a for a in argv if "=" not in a]
-    if bad:
-        raise ValueError(f"arguments must be key=value, got {bad}")
-    try:
-        cfg = OmegaConf.merge(OmegaConf.structured(RRJobConfig), OmegaConf.from_dotlist(argv))
-    except Exception as error:  # omegaconf names the bad key
-        raise ValueError(str(error).splitlines()[0]) from None
-    return OmegaConf.to_object(cfg).validate()
+    return parse_key_values(RRJobConfig, argv).validate()
 
 
 def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, chunk: int = 65536):
