@@ -122,40 +122,38 @@ def markdown(table: TableConfig, results: dict) -> str:
 
 
 def extractions_markdown(table: TableConfig, results: dict) -> str:
-    kernels, ranks, methods, _ = table.grid()
     names = ("ordered", "ordered_gs", "rr_generalized", "rr_paper")
     lines = ["| Kernel | Method | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-    for kernel in kernels:
-        for rank in ranks:
-            for m in [m for m in METHODS if m in methods]:
-                runs = results.get((kernel, rank, m), [])
-                if not runs:
-                    continue
-                cells = []
-                for name in names:
-                    ef = sum(r["extractions"][name]["ef_mse"] for r in runs) / len(runs)
-                    ev = sum(r["extractions"][name]["ev_rae"] for r in runs) / len(runs)
-                    cells.append(f"{ef:.3f} / {ev:.3f}")
-                lines.append(f"| {kernel} r={rank} | {METHOD_LABELS[m]} | " + " | ".join(cells) + " |")
+    for kernel, rank, m, runs in _cells_with_runs(table, results):
+        cells = []
+        for name in names:
+            ef = sum(r["extractions"][name]["ef_mse"] for r in runs) / len(runs)
+            ev = sum(r["extractions"][name]["ev_rae"] for r in runs) / len(runs)
+            cells.append(f"{ef:.3f} / {ev:.3f}")
+        lines.append(f"| {kernel} r={rank} | {METHOD_LABELS[m]} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def per_function_markdown(table: TableConfig, results: dict) -> str:
+def _cells_with_runs(table: TableConfig, results: dict):
+    """(kernel, rank, method, runs) for every grid cell that has runs, in table order."""
     kernels, ranks, methods, _ = table.grid()
-    lines = ["| Kernel | Method | EF-MSE per function (mean over seeds) | EV-RAE per function | eigenvalues true / estimated (seed 0) |", "|---|---|---|---|---|"]
     for kernel in kernels:
         for rank in ranks:
             for m in [m for m in METHODS if m in methods]:
-                runs = results.get((kernel, rank, m), [])
-                if not runs:
-                    continue
-                d = len(runs[0]["ef_mse_per_function"])
-                ef = [sum(r["ef_mse_per_function"][i] for r in runs) / len(runs) for i in range(d)]
-                ev = [sum(r["ev_rae_per_function"][i] for r in runs) / len(runs) for i in range(d)]
-                eig = " ".join(f"{t:.4f}/{e:.4f}" for t, e in zip(runs[0]["eigenvalues_true"], runs[0]["eigenvalues_estimated"]))
-                lines.append(
-                    f"| {kernel} r={rank} | {METHOD_LABELS[m]} | {' '.join(f'{x:.4f}' for x in ef)} | {' '.join(f'{x:.3f}' for x in ev)} | {eig} |"
-                )
+                if runs := results.get((kernel, rank, m), []):
+                    yield kernel, rank, m, runs
+
+
+def per_function_markdown(table: TableConfig, results: dict) -> str:
+    lines = ["| Kernel | Method | EF-MSE per function (mean over seeds) | EV-RAE per function | eigenvalues true / estimated (seed 0) |", "|---|---|---|---|---|"]
+    for kernel, rank, m, runs in _cells_with_runs(table, results):
+        d = len(runs[0]["ef_mse_per_function"])
+        ef = [sum(r["ef_mse_per_function"][i] for r in runs) / len(runs) for i in range(d)]
+        ev = [sum(r["ev_rae_per_function"][i] for r in runs) / len(runs) for i in range(d)]
+        eig = " ".join(f"{t:.4f}/{e:.4f}" for t, e in zip(runs[0]["eigenvalues_true"], runs[0]["eigenvalues_estimated"]))
+        lines.append(
+            f"| {kernel} r={rank} | {METHOD_LABELS[m]} | {' '.join(f'{x:.4f}' for x in ef)} | {' '.join(f'{x:.3f}' for x in ev)} | {eig} |"
+        )
     return "\n".join(lines) + "\n"
 
 
