@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from .checkpoint import EXPORT_NAME, latest_checkpoint, load_encoder
 from .data import ShardStream, build_augment, read_index
 from .data.augment import NORMALIZATION
+from .export import file_sha256
 from .rayleigh_ritz import RRAccumulator
 
 
@@ -47,12 +48,12 @@ def open_run(run_dir: str | None = None, checkpoint: str | None = None, device: 
 
 
 def weights_sha256(path: Path) -> str:
-    """Hash of a weights file, or of every file of a checkpoint directory (names and contents)."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    """Hash of a weights file, or of every file of a checkpoint directory (names and content hashes)."""
+    if path.is_file():
+        return file_sha256(path)
     digest = hashlib.sha256()
-    for f in files:
-        digest.update(str(f.relative_to(path.parent if path.is_file() else path)).encode())
-        digest.update(f.read_bytes())
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{f.relative_to(path)}:{file_sha256(f)}\n".encode())
     return digest.hexdigest()
 
 
