@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
 import webdataset as wds
 
+from ..cli import parse_key_values
 from .index import INDEX_NAME, ShardIndex, read_index, write_index
 from .sources import Source, cifar10_source, digits_source, imagefolder_source, npz_source
 
@@ -107,7 +109,17 @@ class _ShardFile:
 
 # ---------------------------------------------------------------------------------------------- CLI
 
-DEFAULTS = dict(source="digits", out=None, path=None, shard_size=1000, val_fraction=None, seed=0, overwrite=False)
+@dataclass
+class WriteArgs:
+    source: str = "digits"
+    out: str | None = None
+    path: str | None = None
+    shard_size: int = 1000
+    val_fraction: float | None = None
+    seed: int = 0
+    overwrite: bool = False
+
+
 SOURCES = ("digits", "cifar10", "imagefolder", "npz")
 VAL_FRACTION_SOURCES = ("digits", "npz")  # the other sources come with their own splits
 DEFAULT_VAL_FRACTION = 0.2
@@ -115,26 +127,7 @@ DEFAULT_VAL_FRACTION = 0.2
 
 def parse_args(argv: list[str]) -> dict:
     """key=value arguments; an unknown key or a bad value is one error that names it."""
-    args = dict(DEFAULTS)
-    for item in argv:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"arguments are key=value, got {item!r}; keys: {sorted(DEFAULTS)}")
-        if key not in DEFAULTS:
-            raise ValueError(f"unknown key {key!r}; allowed: {sorted(DEFAULTS)}")
-        try:
-            if key in ("shard_size", "seed"):
-                args[key] = int(value)
-            elif key == "val_fraction":
-                args[key] = float(value)
-            elif key == "overwrite":
-                if value.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError
-                args[key] = value.lower() in ("true", "1")
-            else:
-                args[key] = value
-        except ValueError:
-            raise ValueError(f"bad value for {key}: {value!r}") from None
+    args = asdict(parse_key_values(WriteArgs, argv))
     if args["source"] not in SOURCES:
         raise ValueError(f"unknown source {args['source']!r}; allowed: {list(SOURCES)}")
     if args["out"] is None:
