@@ -150,12 +150,18 @@ class RRResult:
         return (z.to(F64) - self.right_mean.to(z.device)) @ self.right_transform[:, :k].to(z.device)
 
 
-def _inverse_sqrt(gram: torch.Tensor, ridge: float, rtol: float, what: str) -> torch.Tensor:
-    """G^{-1/2} with a clear error (never NaNs) when G is singular or ill-conditioned."""
+def _ridged(gram: torch.Tensor, ridge: float) -> torch.Tensor:
+    """G + ridge * (mean eigenvalue of G) * I."""
+    if ridge < 0:
+        raise ValueError(f"ridge must be >= 0, got {ridge}")
+    if ridge == 0:
+        return gram
     d = gram.shape[0]
-    if ridge > 0:
-        gram = gram + ridge * (torch.trace(gram) / d) * torch.eye(d, dtype=F64, device=gram.device)
-    evals, evecs = torch.linalg.eigh(gram)
+    return gram + ridge * (torch.trace(gram) / d) * torch.eye(d, dtype=F64, device=gram.device)
+
+
+def _check_conditioned(evals: torch.Tensor, rtol: float, what: str) -> None:
+    """Raise the clear error (never NaNs) when ascending eigenvalues `evals` are singular/ill-conditioned."""
     top = evals[-1].clamp_min(0)
     if not top > 0 or evals[0] <= rtol * top:
         raise ValueError(
@@ -164,6 +170,12 @@ def _inverse_sqrt(gram: torch.Tensor, ridge: float, rtol: float, what: str) -> t
             f"rtol={rtol:g}): some embedding dimensions are dead or linear combinations of others. "
             f"Pass ridge=1e-6 (adds ridge * mean eigenvalue to the diagonal) or use fewer dimensions."
         )
+
+
+def _inverse_sqrt(gram: torch.Tensor, ridge: float, rtol: float, what: str) -> torch.Tensor:
+    """(G + ridge)^{-1/2} with a clear error (never NaNs) when it is singular or ill-conditioned."""
+    evals, evecs = torch.linalg.eigh(_ridged(gram, ridge))
+    _check_conditioned(evals, rtol, what)
     return evecs @ torch.diag(evals.rsqrt()) @ evecs.T
 
 
@@ -213,9 +225,8 @@ def solve(acc: RRAccumulator, mode: str = "generalized", center: bool = False, r
     elif mode in ("paper-rq", "paper-vicreg"):  # Algorithms F.1 / F.2: the basis is taken as orthonormal
         values, transform = _descending_eigh(cross)
     else:  # paper-lora, Algorithm F.3: LoRA features are Q sqrt(Sigma) psi*, so the Gram's spectrum
-        values, u = _descending_eigh(gram)
-        if values[-1] <= rtol * values[0]:
-            _inverse_sqrt(gram, ridge, rtol, "the embedding")  # raises the clear error
+        values, u = _descending_eigh(_ridged(gram, ridge))  # the ridge enters Sigma^{-1/2} as in the other modes
+        _check_conditioned(values.flip(0), rtol, "the embedding")
         transform = u * values.rsqrt()
     _fix_signs(transform)
     return RRResult(values, transform, mf, mode, acc.n)

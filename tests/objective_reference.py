@@ -72,3 +72,16 @@ def vicreg(x, y, sim_coeff=25.0, std_coeff=25.0, cov_coeff=1.0, eps=1e-4):
     off = 1 - torch.eye(d, dtype=x.dtype)
     cov_loss = (cov_x.pow(2) * off).sum() / d + (cov_y.pow(2) * off).sum() / d
     return sim_coeff * repr_loss + std_coeff * std_loss + cov_coeff * cov_loss
+
+
+def vicreg_paper(f, g, lam=50.0, mu=25.0, nu=512.0, eps=1e-4):
+    """The paper's eqn. (appendix G) with loops; variance/covariance terms averaged over the two views."""
+    n, d = f.shape
+    total = lam * sum(((f[p] - g[p]) ** 2).sum() for p in range(n)) / n
+    for z in (f, g):
+        zc = z - z.mean(0)
+        C = [[sum(zc[p, i] * zc[p, j] for p in range(n)) / (n - 1) for j in range(d)] for i in range(d)]
+        var = sum(torch.relu(1 - torch.sqrt(C[i][i] + eps)) for i in range(d)) * mu / d
+        cov = sum(C[i][j] ** 2 for i in range(d) for j in range(d) if i != j) * nu / (d * (d - 1)) if d > 1 else 0.0
+        total = total + 0.5 * (var + cov)
+    return total

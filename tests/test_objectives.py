@@ -29,6 +29,8 @@ CASES = {
     "rq_direct": ("rq_direct", {}, ref.rq_direct, None),
     "vicreg": ("vicreg", {}, ref.vicreg, None),
     "vicreg-coef": ("vicreg", {"sim_coeff": 2.0, "std_coeff": 3.0, "cov_coeff": 5.0}, lambda f, g: ref.vicreg(f, g, 2.0, 3.0, 5.0), None),
+    "vicreg_paper": ("vicreg_paper", {}, ref.vicreg_paper, None),
+    "vicreg_paper-coef": ("vicreg_paper", {"lam": 2.0, "mu": 3.0, "nu": 5.0, "eps": 1e-3}, lambda f, g: ref.vicreg_paper(f, g, 2.0, 3.0, 5.0, 1e-3), None),
 }
 
 PREFIX_SETS = {
@@ -151,6 +153,7 @@ def test_eigenvalue_estimate_is_normalized_cross_moment():
         (lambda: build_objective("lora", 4, nesting="sequential", prefixes=[2, 4]), "needs all prefixes"),
         (lambda: build_objective("lora", 4, prefixes=[2, 4]), "takes no prefixes"),
         (lambda: build_objective("scl", 4, normalize="sphere"), "normalize='sphere' is unknown"),
+        (lambda: build_objective("scl", 4, nesting="sequential", normalize=True), "not a stop-gradient"),
         (lambda: build_objective("rq_direct", 4, pairs=True), "one encoder on two views"),
         (lambda: build_objective("rq", 4)(torch.zeros(5, 4), torch.zeros(5, 4)), "even local batch size, got 5"),
         (lambda: build_objective("rq", 4)(torch.zeros(6, 4), torch.zeros(6, 3)), "z2 must have shape (batch, 4)"),

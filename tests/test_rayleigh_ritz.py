@@ -156,6 +156,22 @@ def test_singular_gram_is_a_clear_error_or_ridge_regularized():
     assert torch.isfinite(res.eigenvalues).all() and torch.isfinite(res.transform).all()
 
 
+def test_paper_lora_honours_the_ridge_on_a_singular_gram():
+    z1 = torch.randn(200, 3, dtype=F64)
+    z2 = z1 + 0.1 * torch.randn_like(z1)
+    acc = RRAccumulator(4)
+    acc.update(*(torch.cat([z, z[:, :1]], 1) for z in (z1, z2)))  # a repeated dimension: Gram singular
+    with pytest.raises(ValueError, match="singular or ill-conditioned.*ridge"):
+        solve(acc, "paper-lora")
+    res = solve(acc, "paper-lora", ridge=1e-6)
+    assert torch.isfinite(res.eigenvalues).all() and torch.isfinite(res.transform).all()
+    gram = (acc.second_moments(False)[0] + acc.second_moments(False)[1]) / 2
+    ridged = gram + 1e-6 * torch.trace(gram) / 4 * torch.eye(4, dtype=F64)
+    torch.testing.assert_close(res.eigenvalues, torch.linalg.eigvalsh(ridged).flip(0), rtol=1e-10, atol=1e-14)
+    # F.3's features are whitened by the ridged Gram: transform^T (G + ridge) transform = I
+    torch.testing.assert_close(res.transform.T @ ridged @ res.transform, torch.eye(4, dtype=F64), rtol=0, atol=1e-8)
+
+
 @pytest.mark.parametrize(
     "call, message",
     [

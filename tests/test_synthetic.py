@@ -14,7 +14,7 @@ from eigtrain.synthetic.run import run
 from eigtrain.synthetic.sampler import sample_pairs
 
 
-@pytest.mark.parametrize("name", ["legendre", "fourier"])
+@pytest.mark.parametrize("name", ["legendre", "fourier", "fourier_sum"])
 def test_eigenfunctions_are_orthonormal(name):
     # Gauss-Legendre quadrature (64 nodes per axis) integrates these polynomials / cosines to ~1e-12.
     kernel = build_kernel(name, 10)
@@ -28,7 +28,7 @@ def test_eigenfunctions_are_orthonormal(name):
     assert torch.all(psi[:, 0] == 1)  # the constant mode is exactly 1
 
 
-@pytest.mark.parametrize("name", ["legendre", "fourier"])
+@pytest.mark.parametrize("name", ["legendre", "fourier", "fourier_sum"])
 def test_sampler_marginals_uniform_and_moments_diagonal(name):
     """Marginals uniform; E[psi_i(a) psi_j(a')] = lambda_i delta_ij within 5 standard errors."""
     kernel = build_kernel(name, 8)
@@ -54,7 +54,7 @@ def test_sampler_is_reproducible():
     assert all(torch.equal(x, y) for x, y in zip(first, second))
 
 
-@pytest.mark.parametrize("name,p", [("legendre", 1), ("fourier", 2), ("legendre", 2)])
+@pytest.mark.parametrize("name,p", [("legendre", 1), ("fourier", 2), ("legendre", 2), ("fourier_sum", 2)])
 @pytest.mark.parametrize("rank", [6, 8, 10])
 def test_paper_eigenvalues_meet_the_validity_condition_with_equality(name, p, rank):
     lam = paper_eigenvalues(name, rank, p)
@@ -109,23 +109,43 @@ def test_config_errors_name_the_key():
     assert apply_overrides(SyntheticConfig(), ["steps=3e4", "preset=paper"]).steps == 30_000  # explicit keys win
 
 
-def test_cli_writes_json_and_table(tmp_path):
-    tiny = ["steps=20", "rr_samples=4000", "eval_samples=4000", "log_every=10", "rank=6"]
+def test_cli_writes_json_grid_and_table(tmp_path):
+    tiny = ["steps=20", "rr_samples=4000", "eval_samples=4000", "log_every=10"]
     out = tmp_path / "run.json"
-    assert main(["kernel=fourier", "objective=rq", "extraction=rr", "rr_tail=0.5", f"out={out}", *tiny]) == 0
+    assert main(["kernel=fourier", "objective=rq", "extraction=rr", "rr_tail=0.5", f"out={out}", "rank=6", *tiny]) == 0
     result = json.loads(out.read_text())
     assert result["rr_pairs"] == 4000 + 10 * 1000  # fresh pairs + the last half of the training batches
     for key in ("ef_mse", "ev_rae", "ef_mse_per_function", "ev_rae_per_function", "config", "extractions"):
         assert key in result
     assert len(result["ef_mse_per_function"]) == 3 and result["config"]["kernel"] == "fourier"
-    assert set(result["extractions"]) == {"ordered", "ordered_gs", "rr_generalized", "rr_paper"}
+    assert set(result["extractions"]) == {"ordered_paper", "ordered", "ordered_gs", "rr_generalized", "rr_paper"}
 
+    small = ["steps=4", "batch_size=100", "width=8", "depth=1", "eval_samples=2000", "log_every=10"]
+    for recipe in ("paper", "eigtrain"):
+        extra = ["train_samples=200"] if recipe == "paper" else ["rr_samples=2000"]
+        args = ["grid", f"recipe={recipe}", "kernels=legendre", "ranks=6", "seeds=0,1", f"dir={tmp_path / recipe}", *small, *extra]
+        assert main(args) == 0
+    cell = json.loads((tmp_path / "paper" / "legendre_r6.json").read_text())
+    assert cell["config"]["jn_readoff"] == "paper" and cell["config"]["rr_mode"] == "paper"
+    assert cell["methods"]["lora-jn"]["extraction"] == "ordered_paper" and cell["methods"]["rq-rr"]["extraction"] == "rr_paper"
+    assert cell["methods"]["vicreg-rr"]["objective"] == "vicreg_paper"
+    assert cell["methods"]["lora-rr"]["rr_pairs"] == [200, 200]  # the whole (reused) training pool
+    assert len(cell["methods"]["rq-jn"]["ef_mse"]) == 2
     table = tmp_path / "table.md"
-    args = ["table", "kernels=legendre", "ranks=6", "methods=lora-jn,rq-rr", "seeds=0,1", f"dir={tmp_path}", f"out={table}", *tiny]
-    assert main(args) == 0
+    assert main(["table", "ranks=6", "kernels=legendre", f"dir={tmp_path}", f"out={table}"]) == 0
     text = table.read_text()
-    assert "LoRA-JN" in text and "RQ-RR" in text and "0.068 ± 0.015" in text  # the paper's Legendre r=6 LoRA-JN
-    assert (tmp_path / "eigenfunctions.png").exists() and len(list(tmp_path.glob("legendre_r6_*_s*.json"))) == 4
+    assert "LoRA-JN" in text and "0.068 ± 0.015" in text  # the paper's Legendre r=6 LoRA-JN
+    assert "paper recipe" in text and "eigtrain recipe" in text and "of 6**" in text
+
+
+def test_presets_are_the_recipes():
+    paper = apply_overrides(SyntheticConfig(), ["preset=paper"]).validate()
+    assert (paper.constant_mode, paper.schedule, paper.lr, paper.fourier_features) == ("learned", "constant", 1e-3, "paper")
+    assert (paper.train_samples, paper.extraction_pairs, paper.rr_mode, paper.jn_readoff) == (10_000_000, "train", "paper", "paper")
+    ours = apply_overrides(SyntheticConfig(), ["preset=eigtrain"]).validate()
+    assert (ours.constant_mode, ours.schedule, ours.rr_mode, ours.jn_readoff, ours.steps) == ("learned", "cosine", "generalized", "gs", 30_000)
+    with pytest.raises(ValueError, match="extraction_pairs=train needs a training pool"):
+        apply_overrides(SyntheticConfig(), ["extraction_pairs=train"]).validate()
 
 
 @pytest.mark.slow

@@ -16,8 +16,9 @@ from .lora import SCL, LoRA
 from .nesting import Nesting, mrl_prefixes
 from .rq import RQ, RQDirect
 from .vicreg import VICReg
+from .vicreg_paper import VICRegPaper
 
-OBJECTIVES: dict[str, type[Objective]] = {c.name: c for c in (LoRA, SCL, RQ, RQDirect, VICReg)}
+OBJECTIVES: dict[str, type[Objective]] = {c.name: c for c in (LoRA, SCL, RQ, RQDirect, VICReg, VICRegPaper)}
 
 
 def build_objective(
@@ -32,12 +33,13 @@ def build_objective(
 ) -> Objective:
     """Build an objective module; raises ValueError naming any bad argument.
 
-    name: lora (two encoders, SVD case) | scl (one encoder, two views) | rq | rq_direct | vicreg.
+    name: lora (two encoders, SVD case) | scl (one encoder, two views) | rq | rq_direct | vicreg (the
+    common 25/25/1 form) | vicreg_paper (the paper's equation, appendix G).
     nesting: none | joint | sequential; prefixes: None/'all' (every prefix), 'mrl' ({4, 8, ..., dim})
     or a list inside 1..dim; weights: positive, default uniform 1/|K|.
     pairs: two encoders on stored pairs (default True for lora, False otherwise).
     coefficients: family options (lora/scl: center, normalize; rq/rq_direct: mu, nu, center;
-    vicreg: sim_coeff, std_coeff, cov_coeff, eps).
+    vicreg: sim_coeff, std_coeff, cov_coeff, eps; vicreg_paper: lam, mu, nu, eps).
     """
     if name not in OBJECTIVES:
         raise ValueError(f"objective={name!r} is unknown; allowed: {', '.join(OBJECTIVES)}")

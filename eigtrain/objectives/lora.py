@@ -30,6 +30,11 @@ class LoRA(Objective):
             raise ValueError(f"normalize={norm!r} is unknown; allowed: {', '.join(NORMALIZE)} (or true/false)")
         if norm == "prefix" and (nesting.sequential or self.coef["center"]):
             raise ValueError("normalize='prefix' cannot be combined with sequential nesting or center=true")
+        if norm == "full" and nesting.sequential:
+            # f / ||f|| ties every coordinate to all others, so earlier modes would still move with later
+            # prefix losses: not the stop-gradient that sequential nesting promises.
+            raise ValueError("normalize='full' cannot be combined with nesting='sequential' (the norm couples all "
+                             "modes, so it is not a stop-gradient); use nesting='joint' or normalize='none'")
         self.coef["normalize"] = norm
         self.register_masks("pair")
         self.register_buffer("prefix_u", nesting.prefix_factors(), persistent=False)
@@ -89,7 +94,13 @@ class LoRA(Objective):
 
 
 class SCL(LoRA):
-    """Spectral contrastive loss: LoRA with one shared encoder on two views (same scale, -2 and 1)."""
+    """Spectral contrastive loss: LoRA with one shared encoder on two views.
+
+    Scale: -2 E[f(a)^T f(a+)] + E[(f(a)^T f(a-))^2], as in HaoChen et al.'s code and the LoRA form. The
+    paper writes SCL as -E[.] + 1/2 E[(.)^2] (its eqn. spectral-contrastive-loss), exactly half of this: same
+    minimizers and the same gradient direction; only the effective SGD/momentum learning rate is 2x (Adam
+    is scale-invariant up to its eps).
+    """
 
     name = "scl"
     default_pairs = False

@@ -1,18 +1,21 @@
 """eigtrain-synthetic: one run, or a table over a grid of runs.
 
-  eigtrain-synthetic kernel=legendre|fourier rank=8 objective=lora|scl|rq|rq_direct|vicreg \\
+  eigtrain-synthetic kernel=legendre|fourier|fourier_sum rank=8 objective=lora|scl|rq|rq_direct|vicreg|vicreg_paper \\
       extraction=joint|rr steps=N seed=S out=FILE.json [any SyntheticConfig key=value]
-  eigtrain-synthetic preset=paper ...      the paper's setup and budget (3e5 steps on 1e7 pairs, constant lr)
-  Fourier kernels at the default budget need fourier_features=products lr=3e-3 (see benchmarks/synthetic.md).
-  eigtrain-synthetic table kernels=legendre,fourier ranks=8 methods=lora-jn,lora-rr,rq-jn,rq-rr,vicreg-rr \\
-      seeds=0,1,2 dir=benchmarks/synthetic out=benchmarks/synthetic/table.md [run keys, e.g. steps=5000]
+  eigtrain-synthetic preset=paper|eigtrain ...   the paper's recipe (appendix G) or eigtrain's
+  eigtrain-synthetic grid recipe=paper|eigtrain kernels=legendre,fourier ranks=8,6,10 seeds=0,1,2,3,4 \\
+      dir=DIR steps=N    one batched ensemble (6 methods x seeds) per (kernel, rank), one compact JSON each
+  eigtrain-synthetic table recipes=paper,eigtrain dir=benchmarks/synthetic out=benchmarks/synthetic/table.md
+      renders the grid's cell files as the paper's Table 1 (runs nothing)
 """
 
 import json
 import sys
 from pathlib import Path
 
-from eigtrain.synthetic.config import SyntheticConfig, apply_overrides
+from eigtrain.cli import compose_dataclass
+from eigtrain.synthetic.config import PRESETS, SyntheticConfig
+from eigtrain.synthetic.grid import parse_grid_args, run_grid
 from eigtrain.synthetic.run import run
 from eigtrain.synthetic.table import make_table, parse_table_args
 
@@ -33,7 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         if args and args[0] == "table":
             print(make_table(parse_table_args(args[1:])))
             return 0
-        cfg = apply_overrides(SyntheticConfig(), args).validate()
+        if args and args[0] == "grid":
+            print("\n".join(str(p) for p in run_grid(parse_grid_args(args[1:]))))
+            return 0
+        cfg = compose_dataclass(SyntheticConfig, args, groups={"preset": PRESETS}).validate()
         result = run(cfg)
     except (ValueError, FileNotFoundError) as error:
         print(f"eigtrain-synthetic: {error}", file=sys.stderr)

@@ -1,6 +1,9 @@
 """Eigenpairs from a trained encoder and their errors against the kernel's true ones.
 
-Four extractions from the same pair moments, reported side by side for every run:
+Five extractions from the same pair moments, reported side by side for every run:
+  ordered_paper  - the paper's joint-nesting read-off: features as they are, with the eigenvalue its theory
+                   gives: ||f_i||^2 for LoRA/SCL (minimizers sqrt(lambda_i) psi_i), E[f_i(a) f_i(a')] for RQ
+                   and VICReg (minimizers of unit norm, eigenvalue = Rayleigh quotient)
   ordered        - features read off in order (joint nesting), each scaled to unit norm, with the
                    Rayleigh quotient E[f_i(a) f_i(a')] / E[f_i^2] as eigenvalue (less noisy than norms)
   ordered_gs     - the same after Gram-Schmidt in feature order (function i keeps only what is
@@ -19,7 +22,8 @@ from eigtrain.synthetic.kernels import SyntheticKernel
 from eigtrain.synthetic.metrics import best_signs, ef_mse_per_function, ev_rae_per_function
 from eigtrain.synthetic.sampler import sample_pairs, sample_uniform
 
-PAPER_RR_MODE = {"lora": "paper-lora", "scl": "paper-lora", "rq": "paper-rq", "rq_direct": "paper-rq", "vicreg": "paper-vicreg"}
+PAPER_RR_MODE = {"lora": "paper-lora", "scl": "paper-lora", "rq": "paper-rq", "rq_direct": "paper-rq", "vicreg": "paper-vicreg", "vicreg_paper": "paper-vicreg"}
+LOW_RANK = ("lora", "scl")
 CHUNK = 50_000
 CURVE_POINTS = 201
 
@@ -55,6 +59,14 @@ def read_off_ordered(acc: RRAccumulator) -> Extracted:
     return Extracted(torch.diagonal(kfg) / norms, torch.diag(norms.rsqrt()), torch.zeros_like(norms))
 
 
+def read_off_paper(acc: RRAccumulator, objective: str) -> Extracted:
+    """The paper's plain read-off: feature i as eigenfunction i, eigenvalue from the objective's theory."""
+    gff, ggg, kfg, _, _ = acc.second_moments(center=False)
+    norms = (torch.diagonal(gff) + torch.diagonal(ggg)) / 2
+    eigenvalues = norms if objective in LOW_RANK else torch.diagonal(kfg)
+    return Extracted(eigenvalues, torch.eye(len(norms), dtype=norms.dtype), torch.zeros_like(norms))
+
+
 def read_off_orthogonalized(acc: RRAccumulator) -> Extracted:
     """Gram-Schmidt in feature order: with G = L L^T (Cholesky), the functions f L^-T are orthonormal
     and function i depends on features 1..i only."""
@@ -73,6 +85,7 @@ def rayleigh_ritz(acc: RRAccumulator, mode: str) -> Extracted:
 
 def extract_all(acc: RRAccumulator, objective: str) -> dict[str, Extracted]:
     return {
+        "ordered_paper": read_off_paper(acc, objective),
         "ordered": read_off_ordered(acc),
         "ordered_gs": read_off_orthogonalized(acc),
         "rr_generalized": rayleigh_ritz(acc, "generalized"),

@@ -1,89 +1,46 @@
-"""The table mode: a grid of runs over kernels, ranks, methods and seeds, one JSON per run, then a
-markdown table laid out like the paper's Table 1 (mean ± standard error, ours beside the paper's) and a
-PNG of estimated against true eigenfunctions.
+"""The table mode: render the grid's cell files (eigtrain.synthetic.grid) as the paper's Table 1, each
+recipe's row beside the paper's numbers (mean ± standard error over seeds), the goal check for the
+eigtrain recipe, every extraction of the same runs, per-function errors, and a PNG of the functions.
+
+  eigtrain-synthetic table recipes=paper,eigtrain dir=benchmarks/synthetic out=benchmarks/synthetic/table.md
 """
 
-import dataclasses
 import json
 import math
-import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from eigtrain.synthetic.config import SyntheticConfig, apply_overrides
+from eigtrain.synthetic.config import apply_overrides
 from eigtrain.synthetic.paper import METHODS, PAPER_STEPS, PAPER_TABLE
-from eigtrain.synthetic.run import run
 
 METHOD_LABELS = {"lora-rr": "LoRA-RR", "lora-jn": "LoRA-JN", "rq-rr": "RQ-RR", "rq-jn": "RQ-JN", "vicreg-rr": "VICReg-RR", "vicreg-jn": "VICReg-JN"}
-# eigtrain objective per method family: in the views case LoRA with one encoder is SCL (unnormalized).
-FAMILY_OBJECTIVE = {"lora": "scl", "rq": "rq", "vicreg": "vicreg"}
-EXTRACTION = {"jn": "joint", "rr": "rr"}
-# Run keys that do not change a result: a stored run with other values of these is reused.
-NON_RESULT_KEYS = ("out", "log_every", "threads")
+METRICS = (("ef_mse", "EF-MSE"), ("ev_rae", "EV-RAE"))
+EXTRACTIONS = ("ordered_paper", "ordered", "ordered_gs", "rr_generalized", "rr_paper")
 
 
 @dataclass
 class TableConfig:
+    recipes: str = "paper,eigtrain"  # one sub-directory of dir per recipe, written by `grid`
     kernels: str = "legendre,fourier"
-    ranks: str = "8"
-    methods: str = "lora-jn,lora-rr,rq-jn,rq-rr,vicreg-rr"
-    seeds: str = "0,1,2"
-    dir: str = "benchmarks/synthetic"  # one JSON per run, and the PNG
+    ranks: str = "6,8,10"
+    dir: str = "benchmarks/synthetic"
     out: str = "benchmarks/synthetic/table.md"
-    run: bool = True  # false: only render what is stored
-    run_overrides: list = field(default_factory=list)
-
-    def grid(self):
-        kernels, ranks = self.kernels.split(","), [int(r) for r in self.ranks.split(",")]
-        methods, seeds = self.methods.split(","), [int(s) for s in self.seeds.split(",")]
-        for method in methods:
-            if method not in METHODS:
-                raise ValueError(f"methods: {method!r} is unknown; allowed: {', '.join(METHODS)}")
-        return kernels, ranks, methods, seeds
 
 
 def parse_table_args(args: list[str]) -> TableConfig:
-    table_keys = {f.name for f in dataclasses.fields(TableConfig)} - {"run_overrides"}
-    own = [a for a in args if a.partition("=")[0] in table_keys]
-    cfg = apply_overrides(TableConfig(), own)
-    cfg.run_overrides = [a for a in args if a.partition("=")[0] not in table_keys]
-    return cfg
+    return apply_overrides(TableConfig(), args)
 
 
-def run_config(table: TableConfig, kernel: str, rank: int, method: str, seed: int) -> SyntheticConfig:
-    """The run of one cell: run keys, then KERNEL.key=value keys for this kernel only."""
-    family, how = method.split("-")
-    shared = [a for a in table.run_overrides if "." not in a.partition("=")[0]]
-    own = [a.partition(".")[2] for a in table.run_overrides if a.startswith(f"{kernel}.")]
-    base = apply_overrides(SyntheticConfig(), shared + own)
-    path = Path(table.dir) / f"{kernel}_r{rank}_{method}_s{seed}.json"
-    cfg = dataclasses.replace(base, kernel=kernel, rank=rank, objective=FAMILY_OBJECTIVE[family], extraction=EXTRACTION[how], seed=seed, out=str(path))
-    return cfg.validate()
-
-
-def same_result(stored: dict, cfg: SyntheticConfig) -> bool:
-    """Whether a stored run's config gives cfg's result; keys added since it ran take their defaults."""
-    stored = {**dataclasses.asdict(SyntheticConfig()), **stored}
-    wanted = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NON_RESULT_KEYS}
-    return {k: stored[k] for k in wanted} == wanted
-
-
-def load_or_run(cfg: SyntheticConfig, allow_run: bool) -> dict | None:
-    path = Path(cfg.out)
-    if path.exists():
-        result = json.loads(path.read_text())
-        if same_result(result["config"], cfg):
-            return result
-        if not allow_run:
-            print(f"table: {path} was made with another config; skipped (run=true re-runs it)", file=sys.stderr)
-            return None
-    if not allow_run:
-        return None
-    print(f"table: running {path.name}", file=sys.stderr, flush=True)
-    result = run(cfg)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1))
-    return result
+def load_cells(table: TableConfig) -> dict:
+    """(recipe, kernel, rank) -> cell dict, for the cells present."""
+    cells = {}
+    for recipe in table.recipes.split(","):
+        for kernel in table.kernels.split(","):
+            for rank in (int(r) for r in table.ranks.split(",")):
+                path = Path(table.dir) / recipe / f"{kernel}_r{rank}.json"
+                if path.exists():
+                    cells[(recipe, kernel, rank)] = json.loads(path.read_text())
+    return cells
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
@@ -95,136 +52,142 @@ def mean_se(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / n)
 
 
-def cell(values: list[float]) -> str:
+def fmt(values: list[float]) -> str:
     if not values:
         return "—"
     mean, se = mean_se(values)
     return f"{mean:.3f} ± {se:.3f}" if not math.isnan(se) else f"{mean:.3f}"
 
 
-def markdown(table: TableConfig, results: dict) -> str:
-    """results: (kernel, rank, method) -> list of run dicts."""
-    kernels, ranks, methods, _ = table.grid()
-    ordered = [m for m in METHODS if m in methods]
-    header = "| Kernel | Metric | " + " | ".join(METHOD_LABELS[m] for m in ordered) + " |"
-    lines = [header, "|" + "---|" * (2 + len(ordered))]
-    for kernel in kernels:
-        for rank in ranks:
-            paper = PAPER_TABLE.get((kernel, rank))
+def meets_goal(cell: dict, kernel: str, rank: int, method: str) -> bool:
+    """eigtrain's goal: EF-MSE <= 1/3 of the paper's and EV-RAE <= the paper's (means)."""
+    paper = PAPER_TABLE[(kernel, rank)]
+    ours = cell["methods"][method]
+    return mean_se(ours["ef_mse"])[0] <= paper["ef_mse"][method][0] / 3 and mean_se(ours["ev_rae"])[0] <= paper["ev_rae"][method][0]
+
+
+def main_table(table: TableConfig, cells: dict) -> str:
+    recipes = table.recipes.split(",")
+    header = "| Kernel | Metric | Rows | " + " | ".join(METHOD_LABELS[m] for m in METHODS) + " |"
+    lines = [header, "|" + "---|" * (3 + len(METHODS))]
+    for kernel in table.kernels.split(","):
+        for rank in (int(r) for r in table.ranks.split(",")):
             label = f"{kernel.capitalize()} r={rank}, d={rank // 2}"
-            for metric, name in (("ef_mse", "EF-MSE"), ("ev_rae", "EV-RAE")):
-                ours = [cell([r[metric] for r in results.get((kernel, rank, m), [])]) for m in ordered]
-                lines.append(f"| {label} | {name} ours | " + " | ".join(ours) + " |")
+            for metric, name in METRICS:
+                for recipe in recipes:
+                    cell = cells.get((recipe, kernel, rank))
+                    values = [fmt(cell["methods"][m][metric]) if cell and m in cell["methods"] else "—" for m in METHODS]
+                    lines.append(f"| {label} | {name} | {recipe} recipe | " + " | ".join(values) + " |")
+                paper = PAPER_TABLE.get((kernel, rank))
                 if paper:
-                    theirs = [f"{paper[metric][m][0]:.3f} ± {paper[metric][m][1]:.3f}" for m in ordered]
-                    lines.append(f"| {label} | {name} paper | " + " | ".join(theirs) + " |")
+                    lines.append(f"| {label} | {name} | the paper | " + " | ".join(f"{paper[metric][m][0]:.3f} ± {paper[metric][m][1]:.3f}" for m in METHODS) + " |")
     return "\n".join(lines) + "\n"
 
 
-def extractions_markdown(table: TableConfig, results: dict) -> str:
-    names = ("ordered", "ordered_gs", "rr_generalized", "rr_paper")
-    lines = ["| Kernel | Method | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-    for kernel, rank, m, runs in _cells_with_runs(table, results):
-        cells = []
-        for name in names:
-            ef = sum(r["extractions"][name]["ef_mse"] for r in runs) / len(runs)
-            ev = sum(r["extractions"][name]["ev_rae"] for r in runs) / len(runs)
-            cells.append(f"{ef:.3f} / {ev:.3f}")
-        lines.append(f"| {kernel} r={rank} | {METHOD_LABELS[m]} | " + " | ".join(cells) + " |")
+def goal_table(table: TableConfig, cells: dict, recipe: str = "eigtrain") -> str:
+    lines = ["| Kernel | " + " | ".join(METHOD_LABELS[m] for m in METHODS) + " |", "|---|" + "---|" * len(METHODS)]
+    met = total = 0
+    for kernel in table.kernels.split(","):
+        for rank in (int(r) for r in table.ranks.split(",")):
+            cell = cells.get((recipe, kernel, rank))
+            if not cell:
+                continue
+            marks = []
+            for m in METHODS:
+                ok = meets_goal(cell, kernel, rank, m)
+                met, total = met + ok, total + 1
+                marks.append("yes" if ok else "no")
+            lines.append(f"| {kernel} r={rank} | " + " | ".join(marks) + " |")
+    return f"Cells meeting the goal ({recipe} recipe): **{met} of {total}**.\n\n" + "\n".join(lines) + "\n"
+
+
+def extractions_table(table: TableConfig, cells: dict) -> str:
+    lines = ["| Recipe | Kernel | Method | reported | " + " | ".join(EXTRACTIONS) + " |", "|---|---|---|---|" + "---|" * len(EXTRACTIONS)]
+    for (recipe, kernel, rank), cell in sorted(cells.items()):
+        for m in METHODS:
+            ours = cell["methods"].get(m)
+            if not ours:
+                continue
+            alts = [f"{mean_se(ours['extractions'][e]['ef_mse'])[0]:.3f} / {mean_se(ours['extractions'][e]['ev_rae'])[0]:.3f}" for e in EXTRACTIONS if e in ours["extractions"]]
+            lines.append(f"| {recipe} | {kernel} r={rank} | {METHOD_LABELS[m]} | {ours['extraction']} | " + " | ".join(alts) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _cells_with_runs(table: TableConfig, results: dict):
-    """(kernel, rank, method, runs) for every grid cell that has runs, in table order."""
-    kernels, ranks, methods, _ = table.grid()
-    for kernel in kernels:
-        for rank in ranks:
-            for m in [m for m in METHODS if m in methods]:
-                if runs := results.get((kernel, rank, m), []):
-                    yield kernel, rank, m, runs
-
-
-def per_function_markdown(table: TableConfig, results: dict) -> str:
-    lines = ["| Kernel | Method | EF-MSE per function (mean over seeds) | EV-RAE per function | eigenvalues true / estimated (seed 0) |", "|---|---|---|---|---|"]
-    for kernel, rank, m, runs in _cells_with_runs(table, results):
-        d = len(runs[0]["ef_mse_per_function"])
-        ef = [sum(r["ef_mse_per_function"][i] for r in runs) / len(runs) for i in range(d)]
-        ev = [sum(r["ev_rae_per_function"][i] for r in runs) / len(runs) for i in range(d)]
-        eig = " ".join(f"{t:.4f}/{e:.4f}" for t, e in zip(runs[0]["eigenvalues_true"], runs[0]["eigenvalues_estimated"]))
-        lines.append(
-            f"| {kernel} r={rank} | {METHOD_LABELS[m]} | {' '.join(f'{x:.4f}' for x in ef)} | {' '.join(f'{x:.3f}' for x in ev)} | {eig} |"
-        )
+def per_function_table(table: TableConfig, cells: dict) -> str:
+    lines = ["| Recipe | Kernel | Method | EF-MSE per function (mean over seeds) | EV-RAE per function | eigenvalues true / estimated (seed 0) |", "|---|---|---|---|---|---|"]
+    for (recipe, kernel, rank), cell in sorted(cells.items()):
+        for m in METHODS:
+            ours = cell["methods"].get(m)
+            if not ours:
+                continue
+            per_ef, per_ev = ours["ef_mse_per_function"], ours["ev_rae_per_function"]
+            d = len(per_ef[0])
+            ef = " ".join(f"{sum(r[i] for r in per_ef) / len(per_ef):.3f}" for i in range(d))
+            ev = " ".join(f"{sum(r[i] for r in per_ev) / len(per_ev):.3f}" for i in range(d))
+            eig = " ".join(f"{t:.4f}/{e:.4f}" for t, e in zip(cell["eigenvalues_true"], ours["eigenvalues_estimated"][0]))
+            lines.append(f"| {recipe} | {kernel} r={rank} | {METHOD_LABELS[m]} | {ef} | {ev} | {eig} |")
     return "\n".join(lines) + "\n"
 
 
-def plot(table: TableConfig, results: dict, path: Path) -> None:
-    """One row per (kernel, rank), one panel per eigenfunction: true (gray) and each method (seed 0)."""
+def plot(cells: dict, path: Path, rank: int = 8) -> bool:
+    """One row per (recipe, kernel) at `rank`, one panel per eigenfunction: true (gray) and each method (seed 0)."""
+    rows = [(key, cell) for key, cell in sorted(cells.items()) if key[2] == rank]
+    if not rows:
+        return False
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kernels, ranks, methods, _ = table.grid()
-    rows = [(k, r) for k in kernels for r in ranks if any(results.get((k, r, m)) for m in methods)]
-    if not rows:
-        return
-    d = max(r // 2 for _, r in rows)
+    d = rank // 2
     fig, axes = plt.subplots(len(rows), d, figsize=(3.2 * d, 2.6 * len(rows)), squeeze=False)
-    for row, (kernel, rank) in enumerate(rows):
-        for m in [m for m in METHODS if m in methods]:
-            runs = results.get((kernel, rank, m))
-            if not runs:
-                continue
-            run0 = runs[0]
-            for i, curve in enumerate(run0["curve"]):
-                axes[row, i].plot(run0["curve_grid"], curve, lw=1, label=METHOD_LABELS[m])
-        for i in range(rank // 2):
+    for row, ((recipe, kernel, _), cell) in enumerate(rows):
+        for m, ours in cell["methods"].items():
+            for i, curve in enumerate(ours["curve_seed0"]):
+                axes[row, i].plot(cell["curve_grid"], curve, lw=1, label=METHOD_LABELS[m])
+        for i in range(d):
+            true = cell["curve_true"][i]
             ax = axes[row, i]
-            any_run = next(rr[0] for m in methods if (rr := results.get((kernel, rank, m))))
-            true = any_run["curve_true"][i]
-            ax.plot(any_run["curve_grid"], true, color="gray", lw=3, alpha=0.5, label="true")
-            pad = 0.5 + 0.2 * (max(true) - min(true))  # also keeps the constant mode's axis readable
+            ax.plot(cell["curve_grid"], true, color="gray", lw=3, alpha=0.5, label="true")
+            pad = 0.5 + 0.2 * (max(true) - min(true))
             ax.set_ylim(min(true) - pad, max(true) + pad)
-            ax.set_title(f"{kernel} r={rank}: ψ{i + 1}" + (" (a, a)" if kernel == "fourier" else ""), fontsize=9)
-        axes[row, 0].legend(fontsize=6)
+            ax.set_title(f"{recipe}: {kernel} r={rank} ψ{i + 1}" + (" (a, a)" if kernel == "fourier" else ""), fontsize=8)
+        axes[row, 0].legend(fontsize=5)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=60)
     plt.close(fig)
+    return True
+
+
+def budgets(cells: dict) -> str:
+    lines = []
+    for (recipe, kernel, rank), cell in sorted(cells.items()):
+        c = cell["config"]
+        keys = {k: c.get(k) for k in ("steps", "batch_size", "lr", "schedule", "constant_mode", "fourier_features", "train_samples",
+                                  "extraction_pairs", "rr_samples", "rr_tail", "rr_mode", "jn_readoff", "eval_samples")}
+        lines.append(f"- {recipe} / {kernel} r={rank}: seeds {cell['seeds']}, steps {c['steps']} ({c['steps'] / PAPER_STEPS:.3g} of the "
+                     f"paper's {PAPER_STEPS}), {len(cell['methods']) * len(cell['seeds'])} runs in {cell['wall_seconds']:.0f} s; {keys}")
+    return "\n".join(lines) + "\n"
 
 
 def make_table(table: TableConfig) -> str:
-    kernels, ranks, methods, seeds = table.grid()
-    results = {}
-    for seed in seeds:  # seed-major: a partial grid still covers every cell
-        for kernel in kernels:
-            for rank in ranks:
-                for method in methods:
-                    cfg = run_config(table, kernel, rank, method, seed)
-                    result = load_or_run(cfg, table.run)
-                    if result is not None:
-                        results.setdefault((kernel, rank, method), []).append(result)
+    cells = load_cells(table)
     png = Path(table.dir) / "eigenfunctions.png"
-    plot(table, results, png)
-    counts = sorted({len(v) for v in results.values()}) or [0]
-    settings = []
-    for kernel in kernels:
-        cfg = dataclasses.asdict(run_config(table, kernel, ranks[0], methods[0], seeds[0]))
-        changed = {k: v for k, v in cfg.items() if k not in ("kernel", "rank", "objective", "extraction", "seed", "out") and v != getattr(SyntheticConfig(), k)}
-        settings.append(f"{kernel}: steps {cfg['steps']} ({cfg['steps'] / PAPER_STEPS:.3g} of the paper's {PAPER_STEPS}); non-default keys {changed or 'none'}")
+    has_png = plot(cells, png)
     text = (
-        f"Runs per cell: {', '.join(map(str, counts))} (seeds {table.seeds}).\n"
-        + "".join(f"- {line}\n" for line in settings)
-        + "\n"
-        + markdown(table, results)
-        + "\nEvery extraction of the same runs (EF-MSE / EV-RAE, mean over seeds); the table above uses "
-        "`ordered_gs` for JN and `rr_generalized` for RR:\n\n"
-        + extractions_markdown(table, results)
-        + "\nPer-function errors:\n\n"
-        + per_function_markdown(table, results)
-        + f"\n![estimated vs true eigenfunctions]({png.name if Path(table.out).parent == png.parent else png})\n"
+        "Budgets and settings per cell file:\n\n" + budgets(cells)
+        + "\n" + main_table(table, cells)
+        + "\n" + goal_table(table, cells)
+        + "\nEvery extraction of the same runs (EF-MSE / EV-RAE, mean over seeds): `ordered_paper` is the paper's plain "
+        "read-off, `ordered_gs` eigtrain's, `rr_paper` appendix F, `rr_generalized` eigtrain's Rayleigh-Ritz:\n\n"
+        + extractions_table(table, cells)
+        + "\nPer-function errors:\n\n" + per_function_table(table, cells)
+        + (f"\n![estimated vs true eigenfunctions, r = 8, seed 0]({png.name})\n" if has_png else "")
     )
     if table.out:
         Path(table.out).parent.mkdir(parents=True, exist_ok=True)
         Path(table.out).write_text(text)
     return text
+
+

@@ -1,0 +1,119 @@
+"""The grid behind Table 1: for each (kernel, rank), the six methods x seeds of one recipe train as one
+batched ensemble, and one compact JSON per cell (recipe, kernel, rank) keeps every run's numbers.
+
+  eigtrain-synthetic grid recipe=paper kernels=legendre,fourier ranks=6,8,10 seeds=0,1,2,3,4 \\
+      dir=benchmarks/synthetic/paper steps=700 [run keys; KERNEL.key=value for one kernel]
+"""
+
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eigtrain.synthetic.config import PRESETS, SyntheticConfig, apply_overrides
+from eigtrain.synthetic.paper import METHODS
+from eigtrain.synthetic.run import run_ensemble
+
+# eigtrain objective per method family: LoRA with one encoder on two views is SCL (unnormalized);
+# VICReg is the paper's equation (vicreg_paper, lam = 1, mu = 10, nu = 30 in the synthetic runs).
+FAMILY_OBJECTIVE = {"lora": "scl", "rq": "rq", "vicreg": "vicreg_paper"}
+EXTRACTION = {"jn": "joint", "rr": "rr"}
+DECIMALS = 5
+
+
+@dataclass
+class GridConfig:
+    recipe: str = "eigtrain"  # a preset: paper | eigtrain
+    kernels: str = "legendre,fourier"
+    ranks: str = "8,6,10"
+    methods: str = ",".join(METHODS)
+    seeds: str = "0,1,2,3,4"
+    dir: str = "benchmarks/synthetic/eigtrain"
+    run_overrides: list = field(default_factory=list)
+
+    def lists(self):
+        methods = self.methods.split(",")
+        for method in methods:
+            if method not in METHODS:
+                raise ValueError(f"methods: {method!r} is unknown; allowed: {', '.join(METHODS)}")
+        if self.recipe not in PRESETS:
+            raise ValueError(f"recipe={self.recipe!r}: expected one of {', '.join(PRESETS)}")
+        return self.kernels.split(","), [int(r) for r in self.ranks.split(",")], methods, [int(s) for s in self.seeds.split(",")]
+
+
+def parse_grid_args(args: list[str]) -> GridConfig:
+    keys = {f.name for f in dataclasses.fields(GridConfig)} - {"run_overrides"}
+    cfg = apply_overrides(GridConfig(), [a for a in args if a.partition("=")[0] in keys])
+    cfg.run_overrides = [a for a in args if a.partition("=")[0] not in keys]
+    cfg.lists()
+    return cfg
+
+
+def cell_configs(grid: GridConfig, kernel: str, rank: int) -> list[SyntheticConfig]:
+    """The runs of one cell: the recipe, shared run keys, then KERNEL.key=value keys for this kernel."""
+    _, _, methods, seeds = grid.lists()
+    shared = [a for a in grid.run_overrides if "." not in a.partition("=")[0]]
+    own = [a.partition(".")[2] for a in grid.run_overrides if a.startswith(f"{kernel}.")]
+    base = apply_overrides(SyntheticConfig(), [f"preset={grid.recipe}", *shared, *own])
+    return [
+        dataclasses.replace(base, kernel=kernel, rank=rank, objective=FAMILY_OBJECTIVE[m.split("-")[0]], extraction=EXTRACTION[m.split("-")[1]], seed=s).validate()
+        for m in methods
+        for s in seeds
+    ]
+
+
+def _round(x):
+    if isinstance(x, float):
+        return round(x, DECIMALS)
+    if isinstance(x, list):
+        return [_round(v) for v in x]
+    return x
+
+
+def shared_config(cfgs: list[SyntheticConfig]) -> dict:
+    """The keys every run of a cell shares (all but objective, extraction, seed, out)."""
+    return {k: v for k, v in dataclasses.asdict(cfgs[0]).items() if k not in ("objective", "extraction", "seed", "out")}
+
+
+def compact(grid: GridConfig, cfgs: list[SyntheticConfig], results: list[dict], seconds: float) -> dict:
+    """Every run's metrics (per seed, per function, every extraction), seed 0's curves; no histories."""
+    _, _, methods, seeds = grid.lists()
+    out = {"recipe": grid.recipe, "config": shared_config(cfgs), "seeds": seeds, "wall_seconds": round(seconds, 1),
+           "eigenvalues_true": _round(results[0]["eigenvalues_true"]), "curve_grid": results[0]["curve_grid"],
+           "curve_true": results[0]["curve_true"], "methods": {}}
+    for i, method in enumerate(methods):
+        runs = results[i * len(seeds) : (i + 1) * len(seeds)]
+        out["methods"][method] = {
+            "objective": runs[0]["objective"],
+            "extraction": runs[0]["extraction"],
+            **{k: _round([r[k] for r in runs]) for k in ("ef_mse", "ev_rae", "ef_mse_per_function", "ev_rae_per_function", "eigenvalues_estimated", "rr_pairs")},
+            "final_loss": _round([r["history"][-1]["loss"] for r in runs]),
+            "extractions": {name: {m: _round([r["extractions"][name][m] for r in runs]) for m in ("ef_mse", "ev_rae")} for name in runs[0]["extractions"]},
+            "curve_seed0": runs[0]["curve"],
+        }
+    return out
+
+
+def run_grid(grid: GridConfig) -> list[Path]:
+    kernels, ranks, _, _ = grid.lists()
+    written = []
+    for rank in ranks:
+        for kernel in kernels:
+            path = Path(grid.dir) / f"{kernel}_r{rank}.json"
+            cfgs = cell_configs(grid, kernel, rank)
+            if path.exists():
+                stored = json.loads(path.read_text())
+                if stored["config"] == shared_config(cfgs) and list(stored["methods"]) == grid.lists()[2] and stored["seeds"] == grid.lists()[3]:
+                    print(f"grid: {path} is up to date", file=sys.stderr)
+                    written.append(path)
+                    continue
+            print(f"grid: training {path} ({len(cfgs)} runs as one ensemble)", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            results = run_ensemble(cfgs)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(compact(grid, cfgs, results, time.perf_counter() - start)))
+            written.append(path)
+    return written
+
