@@ -91,3 +91,20 @@ def test_bad_arguments():
         build_augment("cifar")(images(2, 1, (8, 8)))
     with pytest.raises(ValueError, match="expected a uint8 batch"):
         build_augment("cifar")(torch.zeros(2, 3, 8, 8))
+
+
+def test_crops_come_from_each_images_valid_region_of_a_padded_batch():
+    """image_fit=whole batches: image i fills the top-left sizes[i] of the canvas (here 1.0 there, 0 padding)."""
+    recipe = A.ViewRecipe(crop_scale=(0.08, 1.0), flip_p=0.5)
+    augment = A.BatchAugment((recipe, recipe), (8, 8), (0.0,), (1.0,))
+    canvas = torch.zeros(32, 1, 40, 40, dtype=torch.uint8)
+    sizes = torch.tensor([[10, 40], [40, 6], [40, 40], [3, 3]] * 8)
+    for image, (h, w) in zip(canvas, sizes.tolist()):
+        image[:, :h, :w] = 255
+    g = torch.Generator().manual_seed(0)
+    inside = augment.view(canvas, g, 0, sizes)
+    assert inside.mean() > 0.97 and inside.amin(dim=(1, 2, 3)).min() > 0.4  # at most edge blending
+    ignored = augment.view(canvas, torch.Generator().manual_seed(0), 0)  # the same draws on the whole canvas
+    assert ignored.mean() < 0.7
+    center = A.BatchAugment((A.ViewRecipe(crop_scale=None, flip_p=0.0),) * 2, (8, 8), (0.0,), (1.0,))
+    assert center.view(canvas, None, 0, sizes).mean() > 0.97  # no crop: the valid region's center crop

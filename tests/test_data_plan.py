@@ -87,3 +87,16 @@ def test_round_robin_resume_reproduces_the_real_dataloader_order(counts):
 
 def test_round_robin_resume_endless_workers():
     assert plan.round_robin_resume(7, None, 3) == ([3, 2, 2], 1)
+
+
+def test_mix_order_reads_groups_of_tasks_side_by_side_in_stored_order():
+    tasks = [plan.ReadTask(f"s{i}", 0, n) for i, n in enumerate([4, 8, 2, 6, 6])]
+    order = plan.mix_order(tasks, 3)
+    assert sorted(order.tolist()) == sorted(i for i, t in enumerate(tasks) for _ in range(len(t)))
+    first_group = order[:14].tolist()  # 5 tasks, width 3: groups {0, 1, 2} then {3, 4}
+    assert set(first_group) == {0, 1, 2} and set(order[14:].tolist()) == {3, 4}
+    assert len(set(first_group[:4])) == 3  # all of the group's tasks start at once (proportional to length)
+    for p in (0, 5, 14, 19, 26):
+        offsets = plan.mix_offsets(order, p, len(tasks))
+        assert offsets.sum() == p and all(offsets[i] == (order[:p] == i).sum() for i in range(len(tasks)))
+    assert plan.mix_order(tasks, 1).tolist() == [i for i, t in enumerate(tasks) for _ in range(len(t))]

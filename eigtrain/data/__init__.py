@@ -1,17 +1,20 @@
 """Data: tar shards and their index, the streaming pipeline with its exact-resume cursor, batched augmentation.
 
-Data flows one way: `write_shards` (CLI ``eigtrain-shards``) -> `ShardStream` (decode only, in workers) ->
+Data flows one way: `write_shards` (CLI ``eigtrain-shards``) or any webdataset shards (`eigtrain.data.shards`)
+-> `ShardStream` (decode only, in workers) ->
 device -> `build_augment` (random views, per-sample parameters) -> encoder.
 """
 
 from .augment import BatchAugment, ViewRecipe, build_augment
 from .decode import Corrupt
 from .index import ShardIndex, read_index
+from .shards import ShardError, expand_shards, shard_counts
 from .sources import cifar10_source, digits_source, imagefolder_source, npz_source
 from .stream import CorruptDataError, ShardStream
 from .write import write_shards
 
 __all__ = [
-    "BatchAugment", "Corrupt", "CorruptDataError", "ShardIndex", "ShardStream", "ViewRecipe", "build_augment",
+    "BatchAugment", "Corrupt", "CorruptDataError", "ShardError", "ShardIndex", "ShardStream", "ViewRecipe",
+    "build_augment", "expand_shards", "shard_counts",
     "cifar10_source", "digits_source", "imagefolder_source", "npz_source", "read_index", "write_shards",
 ]

@@ -92,13 +92,18 @@ class BatchAugment(nn.Module):
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
 
-    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None):
+    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None,
+                sizes: torch.Tensor | None = None):
         """Two augmented views, float32 (B, C, H', W'), normalized."""
-        return self.view(images, generator, 0), self.view(images, generator, 1)
+        return self.view(images, generator, 0, sizes), self.view(images, generator, 1, sizes)
 
     @torch.no_grad()
-    def view(self, images: torch.Tensor, generator: torch.Generator | None = None, index: int = 0) -> torch.Tensor:
-        """One augmented view (recipe `index` of the preset) of a uint8 batch (B, C, H, W)."""
+    def view(self, images: torch.Tensor, generator: torch.Generator | None = None, index: int = 0,
+             sizes: torch.Tensor | None = None) -> torch.Tensor:
+        """One augmented view (recipe `index` of the preset) of a uint8 batch (B, C, H, W).
+
+        `sizes` (B, 2): each image's valid height and width at the top left of a padded batch (ShardStream with
+        ``image_fit="whole"``); crops are then drawn from that region (without a crop: its center crop)."""
         if images.ndim != 4 or images.dtype != torch.uint8:
             raise ValueError(f"expected a uint8 batch (B, C, H, W), got {images.dtype} {list(images.shape)}")
         channels = images.shape[1]
@@ -107,7 +112,7 @@ class BatchAugment(nn.Module):
         recipe = self.views[index]
         rand = _Sampler(generator, images.device, images.shape[0])
         x = images.float().div_(255)
-        x = crop_flip_resize(x, recipe, self.image_size or tuple(images.shape[-2:]), rand)
+        x = crop_flip_resize(x, recipe, self.image_size or tuple(images.shape[-2:]), rand, sizes)
         if recipe.jitter is not None:
             x = color_jitter(x, recipe.jitter, recipe.jitter_p, rand)
         if recipe.gray_p > 0 and channels == 3:
@@ -142,9 +147,13 @@ def gray(x: torch.Tensor) -> torch.Tensor:
     return (GRAY_WEIGHTS[0] * r + GRAY_WEIGHTS[1] * g + GRAY_WEIGHTS[2] * b).unsqueeze(1)
 
 
-def crop_flip_resize(x: torch.Tensor, recipe: ViewRecipe, size: tuple[int, int], rand: _Sampler) -> torch.Tensor:
+def crop_flip_resize(x: torch.Tensor, recipe: ViewRecipe, size: tuple[int, int], rand: _Sampler,
+                     sizes: torch.Tensor | None = None) -> torch.Tensor:
     """RandomResizedCrop + horizontal flip as one batched affine resampling (torchvision's crop distribution:
-    ten tries of scale and log-uniform aspect ratio, then a central fallback)."""
+    ten tries of scale and log-uniform aspect ratio, then a central fallback). With `sizes`, each image's crop
+    comes from its own valid (height, width) region at the top left of the batch."""
+    if sizes is not None:
+        return _crop_in_valid_region(x, recipe, size, rand, sizes)
     B, _, H, W = x.shape
     if recipe.crop_scale is None:
         if (H, W) == tuple(size):
@@ -173,6 +182,42 @@ def crop_flip_resize(x: torch.Tensor, recipe: ViewRecipe, size: tuple[int, int],
     grid = F.affine_grid(theta, [B, x.shape[1], *size], align_corners=False)
     out = F.grid_sample(x, grid, mode=recipe.interpolation, padding_mode="reflection", align_corners=False)
     return out.clamp_(0, 1)  # bicubic overshoots
+
+
+def _crop_in_valid_region(x: torch.Tensor, recipe: ViewRecipe, size: tuple[int, int], rand: _Sampler,
+                          sizes: torch.Tensor) -> torch.Tensor:
+    """crop_flip_resize with a per-sample image size (same random draws, so the generator advances alike)."""
+    B, _, canvas_h, canvas_w = x.shape
+    sizes = sizes.to(x.device, torch.float32)
+    H, W = sizes[:, 0], sizes[:, 1]
+    if recipe.crop_scale is None:  # the largest centered box with the output's aspect ratio (resize + center crop)
+        aspect = size[1] / size[0]
+        w = torch.minimum(W, H * aspect)
+        h = w / aspect
+        x0, y0, sign = (W - w) / 2, (H - h) / 2, torch.ones_like(w)
+    else:
+        area = (H * W)[:, None] * rand.uniform(*recipe.crop_scale, 10)
+        aspect = torch.exp(rand.uniform(math.log(recipe.crop_ratio[0]), math.log(recipe.crop_ratio[1]), 10))
+        w, h = torch.sqrt(area * aspect), torch.sqrt(area / aspect)
+        fits = (w <= W[:, None]) & (h <= H[:, None])
+        first = fits.float().argmax(1, keepdim=True)
+        w, h = w.gather(1, first)[:, 0], h.gather(1, first)[:, 0]
+        any_fit = fits.any(1)
+        w = torch.where(any_fit, w, torch.minimum(W, H * recipe.crop_ratio[1]))
+        h = torch.where(any_fit, h, torch.minimum(H, W / recipe.crop_ratio[0]))
+        corner = rand.uniform(0.0, 1.0, 2)
+        x0 = torch.where(any_fit, corner[:, 0] * (W - w), (W - w) / 2)
+        y0 = torch.where(any_fit, corner[:, 1] * (H - h), (H - h) / 2)
+        sign = torch.where(rand.bernoulli(recipe.flip_p), -1.0, 1.0)
+    theta = torch.zeros(B, 2, 3, device=x.device)
+    theta[:, 0, 0] = sign * w / canvas_w  # normalized coordinates of the whole (padded) batch
+    theta[:, 0, 2] = (2 * x0 + w) / canvas_w - 1
+    theta[:, 1, 1] = h / canvas_h
+    theta[:, 1, 2] = (2 * y0 + h) / canvas_h - 1
+    grid = F.affine_grid(theta, [B, x.shape[1], *size], align_corners=False)
+    mode = recipe.interpolation if recipe.crop_scale is not None else "bilinear"
+    out = F.grid_sample(x, grid, mode=mode, padding_mode="border", align_corners=False)
+    return out.clamp_(0, 1)
 
 
 def _brightness(x, f):
@@ -210,24 +255,23 @@ def color_jitter(x: torch.Tensor, strength: tuple[float, float, float, float], p
     apply = rand.bernoulli(p)
     ops = [_brightness, _contrast, _saturation, _hue]
     active = [b > 0, c > 0, s > 0 and x.shape[1] == 3, h > 0 and x.shape[1] == 3]
-    x = x.clone()
     for step in range(4):
         for op in range(4):
             if not active[op]:
                 continue
-            idx = torch.nonzero(apply & (order[:, step] == op)).squeeze(1)
-            if idx.numel():
-                x[idx] = ops[op](x[idx], factors[op][idx].view(-1, 1, 1, 1))
+            # Computed for the whole batch and selected per sample: indexing the chosen samples (torch.nonzero)
+            # would wait for the GPU on every call.
+            chosen = (apply & (order[:, step] == op)).view(-1, 1, 1, 1)
+            x = torch.where(chosen, ops[op](x, factors[op].view(-1, 1, 1, 1)), x)
     return x
 
 
 def gaussian_blur(x: torch.Tensor, p: float, sigma_range: tuple[float, float], rand: _Sampler) -> torch.Tensor:
     sigma = rand.uniform(*sigma_range)
     apply = rand.bernoulli(p)
-    idx = torch.nonzero(apply).squeeze(1)
-    if not idx.numel():
+    if p <= 0:
         return x
     radius = min(math.ceil(3 * sigma_range[1]), min(x.shape[-2:]) - 1)  # 3 sigma, within reflect-padding limits
-    x = x.clone()
-    x[idx] = gaussian_blur2d(x[idx], 2 * radius + 1, sigma[idx, None].expand(-1, 2).contiguous())
-    return x
+    # Blurred for the whole batch and selected per sample (no torch.nonzero: no wait for the GPU).
+    blurred = gaussian_blur2d(x, 2 * radius + 1, sigma[:, None].expand(-1, 2).contiguous())
+    return torch.where(apply.view(-1, 1, 1, 1), blurred, x)

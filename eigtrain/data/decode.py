@@ -1,4 +1,5 @@
-"""Worker-side sample handling: decode encoded fields to uint8 tensors, resize/crop to a fixed size, collate.
+"""Worker-side sample handling: find the fields (configurable member names), decode to uint8 tensors, bring
+images to a fixed size (center crop, or the whole image padded), collate.
 
 Only deterministic work happens here; random augmentation runs batched on the training device
 (`eigtrain.data.augment`).
@@ -7,8 +8,11 @@ Only deterministic work happens here; random augmentation runs batched on the tr
 from __future__ import annotations
 
 import io
+import json
+import math
 import warnings
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -25,6 +29,8 @@ except ImportError:
     decode_image = None
 
 IMAGE_EXTS = ("png", "jpg", "jpeg", "webp")
+FITS = ("cover", "whole")
+JPEG_MAGIC = b"\xff\xd8"
 
 
 @dataclass(frozen=True)
@@ -38,22 +44,61 @@ class Corrupt:
 
 @dataclass(frozen=True)
 class DecodeSpec:
-    mode: str  # "views": field <image>; "pairs": fields x.<image> and a.<image> | a.npy
+    """Which tar members a sample's fields come from and how images are decoded.
+
+    Member names are the part after the key (``jpg``, ``x.png``, ``json``); each field lists alternatives and the
+    first one a sample has is used. ``label_key`` is ``cls`` (an integer as text), ``json:FIELD`` (a field, dotted
+    for nesting, of the sample's ``json`` member) or None (no labels: -1).
+
+    ``fit``: with ``image_size`` set, ``cover`` scales an image to cover the size and takes the center crop;
+    ``whole`` scales it to fit inside (aspect kept), pads by repeating the border, and reports the valid
+    height and width in the sample's ``size`` so that the augmentation crops from the whole image.
+    """
+
+    mode: str  # "views": one image; "pairs": x (image) and a (image, or .npy float32 vector)
     channels: int  # 1 (grayscale) or 3 (RGB); images are converted to it on decode
-    labels: bool  # samples carry "cls"; a sample without it is incomplete
-    a_kind: str | None  # pairs mode: "image" or "vector"
-    a_channels: int  # pairs mode with a second image: its channel count
-    image_size: tuple[int, int] | None  # resize (shorter side) + center crop to this size; None keeps the size
-    empty_image_shape: tuple[int, ...]  # shape of one image when a batch ends up empty
-    empty_a_shape: tuple[int, ...]
+    image_keys: tuple[str, ...] = IMAGE_EXTS  # views: the image; pairs: x
+    label_key: str | None = None
+    a_keys: tuple[str, ...] = ()  # pairs: a
+    a_kind: str | None = None  # pairs mode: "image" or "vector"
+    a_channels: int = 3  # pairs mode with a second image: its channel count
+    image_size: tuple[int, int] | None = None  # None keeps the stored size
+    fit: str = "cover"
+    empty_image_shape: tuple[int, ...] = (3, 0, 0)  # shape of one image when a batch ends up empty
+    empty_a_shape: tuple[int, ...] = (0,)
+    defer_jpeg: bool = False  # views: hand JPEG bytes on undecoded, for a batched decode in the main process
 
 
-def image_field(sample: dict, prefix: str) -> bytes:
-    for ext in IMAGE_EXTS:
-        if prefix + ext in sample:
-            return sample[prefix + ext]
+def parse_keys(keys: str | Sequence[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """Member-name alternatives from ``"jpg;png"`` or a list; None gives `default`."""
+    if keys is None:
+        return default
+    items = keys.split(";") if isinstance(keys, str) else list(keys)
+    items = tuple(k.strip().lstrip(".") for k in items if k.strip())
+    if not items:
+        raise ValueError(f"no member names in {keys!r}")
+    return items
+
+
+def member(sample: dict, keys: tuple[str, ...], what: str) -> tuple[str, bytes]:
+    for key in keys:
+        if key in sample:
+            return key, sample[key]
     fields = sorted(k for k in sample if not k.startswith("__"))
-    raise KeyError(f"no image field {prefix}{{{','.join(IMAGE_EXTS)}}}; the sample has {fields}")
+    raise KeyError(f"no {what} member {'|'.join(keys)}; the sample has {fields}")
+
+
+def read_label(sample: dict, label_key: str) -> int:
+    if label_key.startswith("json:"):
+        _, raw = member(sample, ("json",), "json")
+        value = json.loads(raw)
+        for part in label_key[5:].split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise KeyError(f"no field {label_key[5:]!r} in the json member")
+            value = value[part]
+        return int(value)
+    _, raw = member(sample, (label_key,), "label")
+    return int(raw.decode().strip() if isinstance(raw, bytes) else raw)
 
 
 def resize_crop(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -66,37 +111,82 @@ def resize_crop(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return TF.center_crop(TF.resize(image, list(resized), antialias=True), list(size))
 
 
-def decode_image_bytes(data: bytes, channels: int, size: tuple[int, int] | None) -> torch.Tensor:
-    """Encoded image -> uint8 (channels, H, W), converted to grayscale (1) or RGB (3), resized/cropped to size."""
-    if decode_image is not None:
+def fit_whole(image: torch.Tensor, size: tuple[int, int]) -> tuple[torch.Tensor, tuple[int, int]]:
+    """Scale the whole image to fit inside `size` (aspect kept), pad bottom/right by repeating the border;
+    returns the padded image and the valid (height, width)."""
+    h, w = image.shape[-2:]
+    scale = min(size[0] / h, size[1] / w)
+    valid = (max(1, min(size[0], round(h * scale))), max(1, min(size[1], round(w * scale))))
+    if valid != (h, w):
+        image = TF.resize(image, list(valid), antialias=True)
+    if valid != tuple(size):
+        pad = (0, size[1] - valid[1], 0, size[0] - valid[0])
+        image = torch.nn.functional.pad(image[None].float(), pad, mode="replicate")[0].to(torch.uint8)
+    return image, valid
+
+
+def fit_image(image: torch.Tensor, size: tuple[int, int] | None, fit: str) -> tuple[torch.Tensor, tuple[int, int]]:
+    """An image at `size` by `fit` (see DecodeSpec) and the valid (height, width) in it."""
+    if size is None:
+        return image, tuple(image.shape[-2:])
+    if fit == "whole":
+        return fit_whole(image, size)
+    return resize_crop(image, size), tuple(size)
+
+
+def _pil_draft_decode(data: bytes, channels: int, size: tuple[int, int], fit: str) -> torch.Tensor | None:
+    """JPEG much larger than `size`: decode at 1/2, 1/4 or 1/8 scale in libjpeg (DCT scaling), else None."""
+    with Image.open(io.BytesIO(data)) as pil:
+        w, h = pil.size
+        scale = (min if fit == "whole" else max)(size[0] / h, size[1] / w)
+        if scale > 0.5:
+            return None
+        pil.draft("L" if channels == 1 else "RGB", (math.ceil(w * scale), math.ceil(h * scale)))
+        array = np.asarray(pil.convert("L" if channels == 1 else "RGB"))
+    return torch.from_numpy(array.reshape(*array.shape[:2], -1).transpose(2, 0, 1).copy())
+
+
+def decode_image_bytes(data: bytes, channels: int, size: tuple[int, int] | None, fit: str = "cover") -> torch.Tensor:
+    """Encoded image -> uint8 (channels, H, W), converted to grayscale (1) or RGB (3), brought to `size` by
+    `fit` (see `decode_image_sized` for the valid size with ``fit="whole"``)."""
+    return decode_image_sized(data, channels, size, fit)[0]
+
+
+def decode_image_sized(data: bytes, channels: int, size: tuple[int, int] | None,
+                       fit: str = "cover") -> tuple[torch.Tensor, tuple[int, int]]:
+    image = None
+    if size is not None and data[:2] == JPEG_MAGIC:
+        image = _pil_draft_decode(data, channels, size, fit)
+    if image is None and decode_image is not None:
         mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
         image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=mode)
-    else:
+    elif image is None:
         with Image.open(io.BytesIO(data)) as pil:
             array = np.asarray(pil.convert("L" if channels == 1 else "RGB"))
         image = torch.from_numpy(array.reshape(*array.shape[:2], -1).transpose(2, 0, 1).copy())
-    return image if size is None else resize_crop(image, size)
+    return fit_image(image, size, fit)
 
 
 def decode_sample(sample: dict, spec: DecodeSpec) -> dict:
-    """Raw tar sample -> {"key", "label", "image"} or {"key", "label", "x", "a"}; raises if unusable."""
+    """Raw tar sample -> {"key", "label", "image"[, "size"]} or {"key", "label", "x", "a"}; raises if unusable.
+
+    With ``spec.defer_jpeg`` a JPEG image stays encoded (bytes) for `eigtrain.data.gpu_decode`.
+    """
     out = {"key": sample["__key__"]}
     if spec.mode == "views":
-        out["image"] = decode_image_bytes(image_field(sample, ""), spec.channels, spec.image_size)
-    else:
-        out["x"] = decode_image_bytes(image_field(sample, "x."), spec.channels, spec.image_size)
-        if spec.a_kind == "vector":
-            if "a.npy" not in sample:
-                raise KeyError("no field a.npy")
-            out["a"] = torch.from_numpy(np.load(io.BytesIO(sample["a.npy"]), allow_pickle=False).astype(np.float32))
+        name, data = member(sample, spec.image_keys, "image")
+        if spec.defer_jpeg and data[:2] == JPEG_MAGIC:
+            out["image"], out["size"], out["url"] = bytes(data), None, sample.get("__url__", "?")
         else:
-            out["a"] = decode_image_bytes(image_field(sample, "a."), spec.a_channels, spec.image_size)
-    if spec.labels:
-        if "cls" not in sample:
-            raise KeyError("no field cls")
-        out["label"] = int(sample["cls"])
+            out["image"], out["size"] = decode_image_sized(data, spec.channels, spec.image_size, spec.fit)
     else:
-        out["label"] = -1
+        out["x"] = decode_image_bytes(member(sample, spec.image_keys, "x")[1], spec.channels, spec.image_size)
+        name, data = member(sample, spec.a_keys, "a")
+        if name.endswith("npy"):
+            out["a"] = torch.from_numpy(np.load(io.BytesIO(data), allow_pickle=False).astype(np.float32))
+        else:
+            out["a"] = decode_image_bytes(data, spec.a_channels, spec.image_size)
+    out["label"] = -1 if spec.label_key is None else read_label(sample, spec.label_key)
     return out
 
 
@@ -107,7 +197,7 @@ def _stack(tensors: list[torch.Tensor], name: str, empty_shape: tuple[int, ...],
     if len(shapes) > 1:
         raise ValueError(
             f"{name} tensors of one batch differ in shape {sorted(shapes)}; set image_size=(H, W) so the "
-            f"workers resize and crop every image to one size"
+            f"workers bring every image to one size"
         )
     return torch.stack(tensors)
 
@@ -119,7 +209,14 @@ def collate(samples: list[dict], corrupt: list[Corrupt], spec: DecodeSpec) -> di
         "corrupt": corrupt,
     }
     if spec.mode == "views":
+        if spec.defer_jpeg:  # finished in the main process (eigtrain.data.gpu_decode.finish_batch)
+            batch["image"] = [s["image"] for s in samples]
+            batch["size"] = [s["size"] for s in samples]
+            batch["url"] = [s.get("url") for s in samples]  # names the shard of an image nvJPEG rejects
+            return batch
         batch["image"] = _stack([s["image"] for s in samples], "image", spec.empty_image_shape, torch.uint8)
+        if spec.fit == "whole" and spec.image_size is not None:
+            batch["size"] = torch.tensor([s["size"] for s in samples], dtype=torch.int64).view(-1, 2)
     else:
         batch["x"] = _stack([s["x"] for s in samples], "x", spec.empty_image_shape, torch.uint8)
         a_dtype = torch.float32 if spec.a_kind == "vector" else torch.uint8

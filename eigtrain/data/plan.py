@@ -17,8 +17,12 @@ seeded stream until it has ``L`` samples.
 
 One pass (``one_pass=True``): the sorted shards, split into S nearly equal contiguous ranges, nothing dropped.
 
-Within a slot's epoch the samples are shuffled in blocks of ``shuffle_block`` (a seeded permutation per block),
-before decoding, so resuming inside a block costs reading that block, not re-running a shuffle buffer.
+Within a slot's epoch the samples are first *mixed across shards*: the slot's read tasks are taken in groups of
+``mix_shards`` consecutive tasks that are read side by side, interleaved in proportion to their lengths
+(`mix_order`), so shards written class by class still give batches of many classes. Then the mixed stream is
+shuffled in blocks of ``shuffle_block`` (a seeded permutation per block), before decoding. Both steps are pure
+functions of the task list, so resuming at position p costs reading the block that holds p, not replaying a
+shuffle buffer: how far each task got by then is a count over the mix order (`mix_offsets`).
 """
 
 from __future__ import annotations
@@ -107,6 +111,30 @@ def one_pass_tasks(shards: list[tuple[str, int]], slot: int, num_slots: int) -> 
     """Slot `slot`'s share of a single pass: every sample read by exactly one slot, nothing dropped."""
     total = sum(n for _, n in shards)
     return concat_range(shards, slot * total // num_slots, (slot + 1) * total // num_slots)
+
+
+def mix_order(tasks: list[ReadTask], width: int) -> np.ndarray:
+    """Which task each position of the slot's mixed stream reads from (its next sample, in stored order).
+
+    Tasks are taken in consecutive groups of at most `width` (as equal in number as possible); within a group
+    sample j of task i is placed at time (j + 0.5) / len(task i), so the group's tasks are read side by side
+    and end together.
+    """
+    lengths = np.array([len(t) for t in tasks], dtype=np.int64)
+    if width <= 1 or len(tasks) <= 1:
+        return np.repeat(np.arange(len(tasks)), lengths)
+    order = []
+    for group in np.array_split(np.arange(len(tasks)), -(-len(tasks) // width)):
+        owner = np.repeat(group, lengths[group])
+        rank_in_task = np.concatenate([np.arange(n) for n in lengths[group]]) if len(owner) else owner
+        time = (rank_in_task + 0.5) / lengths[owner]
+        order.append(owner[np.lexsort((owner, time))])
+    return np.concatenate(order) if order else np.zeros(0, dtype=np.int64)
+
+
+def mix_offsets(order: np.ndarray, position: int, num_tasks: int) -> np.ndarray:
+    """How many samples of each task the mixed stream has read before `position`."""
+    return np.bincount(order[:position], minlength=num_tasks)
 
 
 def block_permutation(seed: int, restart: int, epoch: int, slot: int, block: int, size: int) -> np.ndarray:

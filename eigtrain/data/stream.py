@@ -1,13 +1,19 @@
 """ShardStream: tar shards -> per-rank batches of uint8 tensors, with an exact-resume cursor.
 
+The shards are an eigtrain-written directory (``root`` with its ``index.json``) or any webdataset shards
+(``shards``: a brace pattern or list of URLs -- local, file:, http(s)://, pipe:, s3://, gs://; see
+`eigtrain.data.shards` for how their sample counts are found).
+
 Per DataLoader worker the pipeline stages are, in order (see `eigtrain.data.plan` for the arithmetic):
 
-1. plan    -- the shard list of this epoch, shuffled by (seed, restart, epoch), split by node, then by worker,
-              as ReadTasks (shard, first sample, last sample) starting at the cursor;
-2. read    -- tar members grouped into samples (webdataset's tar iterator); a sample the index promises but the
-              tar does not deliver (truncated or unreadable shard) becomes a `Corrupt` placeholder;
+1. plan    -- the shard list of this epoch, shuffled by (seed, restart, epoch), split by node, then by worker
+              (below shard granularity when there are fewer shards than slots), as ReadTasks (shard, first
+              sample, last sample) starting at the cursor;
+2. read    -- tar members grouped into samples (webdataset's tar iterator), `mix_shards` tasks side by side;
+              a sample the count promises but the tar does not deliver (missing, unreachable, truncated)
+              becomes a `Corrupt` placeholder;
 3. shuffle -- a seeded permutation per block of `shuffle_block` undecoded samples;
-4. decode  -- to uint8 tensors, with the fixed-size resize/crop when `image_size` is set;
+4. decode  -- to uint8 tensors, brought to `image_size` when set (center crop, or the whole image padded);
 5. batch   -- `batch_size` consecutive positions of the slot's stream form one batch; unusable samples are
               dropped from it (so a batch may be short), never replaced, so batch boundaries never move.
 
@@ -20,20 +26,22 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from itertools import count, islice
 from pathlib import Path
 from typing import Iterator
 
-import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from . import plan
-from .decode import Corrupt, DecodeSpec, collate, decode_sample
+from .decode import FITS, IMAGE_EXTS, Corrupt, DecodeSpec, collate, decode_sample, parse_keys
 from .index import read_index
+from .shards import DEFAULT_TIMEOUT_S, complete_samples, expand_shards, local_path, open_url, shard_counts
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+NETWORK_RETRIES = 2  # reopenings of a network shard whose read failed midway
 MODES = ("views", "pairs")
 
 
@@ -42,7 +50,15 @@ class CorruptDataError(RuntimeError):
 
 
 class ShardStream:
-    """Batches of one split for one rank, from the shards indexed in ``root/index.json``.
+    """Batches of one split for one rank, from the shards indexed in ``root/index.json`` or from ``shards``.
+
+    Foreign shards: ``ShardStream(shards="https://host/train-{000000..000146}.tar", label_key="cls",
+    image_size=256, image_fit="whole", cache_dir=RUN_DIR/"data", ...)``. `shards` is a brace pattern or a list
+    of patterns/URLs (read in that order; `split` is then only a name); their sample counts come from
+    `shard_index` (a wids index), an index next to the shards, or a one-time scan cached in `cache_dir`.
+    Fields: `image_key` (member-name alternatives, default ``jpg;jpeg;png;webp``, or ``x.*`` / ``a.*`` in
+    pairs mode: `x_key`, `a_key`, an ``.npy`` member being a vector), `label_key` (``cls``, ``json:FIELD`` or
+    None). Images are RGB.
 
     Training mode (default): an endless iterator; every epoch each rank yields exactly `batches_per_epoch`
     batches, equal on all ranks; with ``resampled=False`` no sample appears twice in an epoch, and fewer than
@@ -66,15 +82,21 @@ class ShardStream:
     Use one live iterator per stream at a time.
 
     Arguments not covered above: `batch_size` is per rank; `num_workers=0` reads in the calling process;
-    `image_size` (int or (H, W)) makes the workers resize (shorter side) and center-crop every image, None keeps
-    the stored size (then all images must share it); `max_corrupt` is how many unusable samples are skipped with
-    a warning before `CorruptDataError`; `shuffle_block` is how many undecoded samples each worker shuffles
-    together (and holds in memory; 0 or 1: no shuffling beyond the shard order).
+    `image_size` (int or (H, W)) makes the workers bring every image to that size: ``image_fit="cover"``
+    resizes (shorter side) and center-crops, ``"whole"`` fits the whole image inside, pads, and adds the valid
+    sizes as ``"size"`` int64 (B, 2) so the augmentation crops from the whole image; None keeps the stored size
+    (then all images must share it). `max_corrupt` is how many unusable samples are skipped with a warning
+    before `CorruptDataError`; `shuffle_block` is how many undecoded samples each worker shuffles together
+    (and holds in memory; 0 or 1: no shuffling beyond the shard order); `mix_shards` is how many shards each
+    worker reads side by side (so class-ordered shards still give mixed batches; 1: one after the other).
+    `jpeg_device`: decode JPEG images batched in the main process on that device (nvJPEG on CUDA, see
+    `eigtrain.data.gpu_decode`) instead of in the workers. `pin_memory`, `prefetch_factor`, `persistent_workers`
+    go to the DataLoader; `io_timeout_s` bounds every network read.
     """
 
     def __init__(
         self,
-        root: str | os.PathLike,
+        root: str | os.PathLike | None = None,
         split: str = "train",
         batch_size: int = 64,
         rank: int = 0,
@@ -89,6 +111,19 @@ class ShardStream:
         shuffle_block: int = 1000,
         pin_memory: bool = False,
         prefetch_factor: int = 2,
+        *,
+        shards: str | list[str] | None = None,
+        image_key: str | list[str] | None = None,
+        label_key: str | None = None,
+        x_key: str | list[str] | None = None,
+        a_key: str | list[str] | None = None,
+        image_fit: str = "cover",
+        mix_shards: int = 8,
+        cache_dir: str | os.PathLike | None = None,
+        shard_index: str | None = None,
+        io_timeout_s: float = DEFAULT_TIMEOUT_S,
+        persistent_workers: bool = False,
+        jpeg_device=None,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -104,27 +139,50 @@ class ShardStream:
             raise ValueError(f"max_corrupt must be >= 0, got {max_corrupt}")
         if one_pass and resampled:
             raise ValueError("one_pass=True reads every sample exactly once; it cannot be combined with resampled=True")
+        if (root is None) == (shards is None):
+            raise ValueError("give exactly one of root (an eigtrain shard directory) and shards (a pattern or list)")
+        if image_fit not in FITS:
+            raise ValueError(f"image_fit must be one of {FITS}, got {image_fit!r}")
+        if image_fit == "whole" and mode == "pairs":
+            raise ValueError("image_fit='whole' needs mode='views' (stored pairs are used as they are: use 'cover')")
+        if mix_shards < 1:
+            raise ValueError(f"mix_shards must be >= 1, got {mix_shards}")
 
-        self.root, self.split, self.batch_size, self.mode = Path(root), split, batch_size, mode
+        self.split, self.batch_size, self.mode = split, batch_size, mode
         self.rank, self.world_size, self.num_workers, self.seed = rank, world_size, num_workers, seed
         self.resampled, self.one_pass, self.max_corrupt = resampled, one_pass, max_corrupt
         self.shuffle_block, self.pin_memory, self.prefetch_factor = shuffle_block, pin_memory, prefetch_factor
-        self.image_size = _as_size(image_size)
+        self.persistent_workers, self.mix_shards, self.io_timeout_s = persistent_workers, mix_shards, io_timeout_s
+        self.image_size, self.image_fit, self.jpeg_device = _as_size(image_size), image_fit, jpeg_device
+        if jpeg_device is not None and mode != "views":
+            raise ValueError("jpeg_device (batched JPEG decoding) needs mode='views'")
 
-        self.index = read_index(self.root)
-        self.shards = self.index.shards(split)  # fails on an unknown or empty split
-        self.index.check_files(split)  # fails on a missing or empty shard file, before any worker starts
+        if root is not None:
+            self.root = Path(root)
+            self.where = f"split {split!r} of {self.root}"
+            self.index = read_index(self.root)
+            names = self.index.shards(split)  # fails on an unknown or empty split
+            self.index.check_files(split)  # fails on a missing or empty shard file, before any worker starts
+            self.shards = [(str(self.root / name), n) for name, n in names]
+            self.spec = self._decode_spec(self.index.meta)
+        else:
+            self.root, self.index = None, None
+            urls = expand_shards(shards)
+            self.where = f"data.shards ({len(urls)} shards, {urls[0]} ...)"
+            counts = shard_counts(urls, cache_dir, shard_index, io_timeout_s)
+            self.shards = list(zip(urls, counts))
+            if sum(counts) == 0:
+                raise ValueError(f"the shards of {self.where} hold no samples")
+            self.spec = self._foreign_spec(image_key, label_key, x_key, a_key)
         self.num_samples = sum(n for _, n in self.shards)
-        self.spec = self._decode_spec(self.index.meta)
 
         self.workers = max(num_workers, 1)  # num_workers=0 reads in this process, as one worker
         self.num_slots = world_size * self.workers
-        if not resampled and len(self.shards) < self.num_slots:
-            raise ValueError(
-                f"split {split!r} of {self.root} has {len(self.shards)} shards, fewer than world_size x num_workers "
-                f"= {world_size} x {self.workers}; write smaller shards (shard_size) or use fewer workers"
-                + ("" if one_pass else ", or pass resampled=True")
-            )
+        if len(self.shards) < self.num_slots:  # slots then share shards, each reading its own sample range
+            log.warning(
+                "%s: %d shards for world_size x num_workers = %d x %d reader slots: slots share shards (each "
+                "reads and discards the samples before its range); more, smaller shards read less",
+                self.where, len(self.shards), world_size, self.workers)
         if one_pass:
             slots = range(rank * self.workers, (rank + 1) * self.workers)
             sizes = [sum(map(len, plan.one_pass_tasks(self.shards, s, self.num_slots))) for s in slots]
@@ -134,7 +192,7 @@ class ShardStream:
             self.per_slot = plan.samples_per_slot(self.num_samples, self.num_slots, batch_size)
             if self.per_slot == 0:
                 raise ValueError(
-                    f"split {split!r} has {self.num_samples} samples, fewer than one batch per worker: world_size x "
+                    f"{self.where} has {self.num_samples} samples, fewer than one batch per worker: world_size x "
                     f"num_workers x batch_size = {world_size} x {self.workers} x {batch_size}; lower batch_size or "
                     f"num_workers"
                 )
@@ -163,8 +221,22 @@ class ShardStream:
         a_stored = meta.get("a_shape")
         a_channels = int(a_stored[0]) if a_kind == "image" and a_stored else channels
         a_shape = tuple(a_stored or [0]) if a_kind == "vector" else shape(a_stored, a_channels)
-        return DecodeSpec(self.mode, channels, bool(meta.get("labels", False)), a_kind, a_channels,
-                          self.image_size, shape(meta.get("image_shape"), channels), a_shape)
+        image_keys = IMAGE_EXTS if self.mode == "views" else tuple("x." + e for e in IMAGE_EXTS)
+        a_keys = ("a.npy",) if a_kind == "vector" else tuple("a." + e for e in IMAGE_EXTS)
+        return DecodeSpec(self.mode, channels, image_keys, "cls" if meta.get("labels", False) else None, a_keys,
+                          a_kind, a_channels, self.image_size, self.image_fit, shape(meta.get("image_shape"), channels),
+                          a_shape, defer_jpeg=self.jpeg_device is not None)
+
+    def _foreign_spec(self, image_key, label_key, x_key, a_key) -> DecodeSpec:
+        """Fields of shards other tools wrote: RGB images under configurable member names."""
+        size = (3, *self.image_size) if self.image_size else (3, 0, 0)
+        if self.mode == "views":
+            return DecodeSpec("views", 3, parse_keys(image_key, IMAGE_EXTS), label_key, image_size=self.image_size,
+                              fit=self.image_fit, empty_image_shape=size, defer_jpeg=self.jpeg_device is not None)
+        a_keys = parse_keys(a_key, tuple("a." + e for e in IMAGE_EXTS) + ("a.npy",))
+        a_kind = "vector" if all(k.endswith("npy") for k in a_keys) else "image"
+        return DecodeSpec("pairs", 3, parse_keys(x_key, tuple("x." + e for e in IMAGE_EXTS)), label_key, a_keys,
+                          a_kind, 3, self.image_size, "cover", size, size if a_kind == "image" else (0,))
 
     # -------------------------------------------------------------------------------------------- iteration
 
@@ -180,8 +252,13 @@ class ShardStream:
             batches = iter(dataset)
         else:
             batches = iter(DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
-                                      pin_memory=self.pin_memory, prefetch_factor=self.prefetch_factor))
+                                      pin_memory=self.pin_memory, prefetch_factor=self.prefetch_factor,
+                                      persistent_workers=self.persistent_workers))
         for batch in batches:
+            if self.jpeg_device is not None:
+                from .gpu_decode import finish_batch
+
+                batch = finish_batch(batch, self.spec, self.jpeg_device)
             self._count_corrupt(batch.pop("corrupt"))
             self._batches += 1
             yield batch
@@ -191,7 +268,7 @@ class ShardStream:
             self._corrupt += 1
             if self._corrupt > self.max_corrupt:
                 raise CorruptDataError(
-                    f"{self._corrupt} unusable samples in split {self.split!r} of {self.root}, more than "
+                    f"{self._corrupt} unusable samples in {self.where}, more than "
                     f"max_corrupt={self.max_corrupt}; the last: shard {c.shard}, key {c.key}: {c.reason}"
                 )
             log.warning("skipping unusable sample %d/%d: shard %s, key %s: %s",
@@ -255,7 +332,7 @@ class _WorkerPipeline(IterableDataset):
     """What runs inside each DataLoader worker: plan -> read -> shuffle -> decode -> batch."""
 
     def __init__(self, stream: ShardStream, starts: list[int], rotation: int):
-        self.root, self.shards, self.spec = stream.root, stream.shards, stream.spec
+        self.shards, self.spec, self.mix_shards, self.timeout = stream.shards, stream.spec, stream.mix_shards, stream.io_timeout_s
         self.batch_size, self.workers, self.num_slots = stream.batch_size, stream.workers, stream.num_slots
         self.rank, self.seed, self.restart = stream.rank, stream.seed, stream._restart
         self.resampled, self.one_pass, self.shuffle_block = stream.resampled, stream.one_pass, stream.shuffle_block
@@ -282,7 +359,7 @@ class _WorkerPipeline(IterableDataset):
         """Undecoded batches of `slot` from its batch number `start` on."""
         if self.one_pass:
             tasks = plan.one_pass_tasks(self.shards, slot, self.num_slots)
-            yield from _chunks(read_tasks(self.root, plan.skip(tasks, start * self.batch_size)), self.batch_size)
+            yield from _chunks(read_tasks(plan.skip(tasks, start * self.batch_size), self.timeout), self.batch_size)
             return
         per_epoch = self.per_slot // self.batch_size
         epoch, first = divmod(start, per_epoch)
@@ -294,13 +371,13 @@ class _WorkerPipeline(IterableDataset):
             first = 0
 
     def _shuffled(self, tasks: list[plan.ReadTask], slot: int, epoch: int, start: int) -> Iterator:
-        """The slot's epoch in block-shuffled order, from position `start` on."""
+        """The slot's epoch, mixed across shards and block-shuffled, from position `start` on."""
         block = self.shuffle_block
         if block <= 1:
-            yield from read_tasks(self.root, plan.skip(tasks, start))
+            yield from self._mixed(tasks, start)
             return
         first = start // block
-        samples = read_tasks(self.root, plan.skip(tasks, first * block))
+        samples = self._mixed(tasks, first * block)
         for b in count(first):
             chunk = list(islice(samples, block))
             if not chunk:
@@ -310,30 +387,61 @@ class _WorkerPipeline(IterableDataset):
             yield from (chunk[start - first * block:] if b == first else chunk)
 
 
+    def _mixed(self, tasks: list[plan.ReadTask], start: int) -> Iterator[dict | Corrupt]:
+        """The tasks read `mix_shards` at a time side by side (`plan.mix_order`), from position `start` on."""
+        order = plan.mix_order(tasks, self.mix_shards)
+        done = plan.mix_offsets(order, start, len(tasks))
+        readers: dict[int, Iterator] = {}
+        for i in order[start:].tolist():
+            if i not in readers:
+                task = tasks[i]
+                readers[i] = read_shard(plan.ReadTask(task.shard, task.start + int(done[i]), task.stop), self.timeout)
+            yield next(readers[i])
+            done[i] += 1
+            if done[i] == len(tasks[i]):
+                readers.pop(i).close()  # release the file or connection now, not at the end of the epoch
+
+
 def _chunks(samples: Iterator, size: int) -> Iterator[list]:
     while chunk := list(islice(samples, size)):
         yield chunk
 
 
-def read_tasks(root: Path, tasks: list[plan.ReadTask]) -> Iterator[dict | Corrupt]:
+def read_tasks(tasks: list[plan.ReadTask], timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[dict | Corrupt]:
     """Samples of the tasks, in order: exactly ``len(task)`` items per task, `Corrupt` for any not delivered."""
     for task in tasks:
-        yield from read_shard(root, task)
+        yield from read_shard(task, timeout_s)
 
 
-def read_shard(root: Path, task: plan.ReadTask) -> Iterator[dict | Corrupt]:
-    position, last_key, error = 0, None, "the tar has fewer samples than the index says"
-    try:
-        with open(root / task.shard, "rb") as f:
-            files = ({**f, "__url__": task.shard} for f in wds.tariterators.tar_file_iterator(f))
-            for sample in wds.tariterators.group_by_keys(files):
-                if position >= task.stop:
-                    break
-                if position >= task.start:
-                    yield sample
-                last_key, position = sample["__key__"], position + 1
-    except Exception as exn:  # truncated or unreadable tar: what was read stays valid
-        error = f"{type(exn).__name__}: {exn}"
+def read_shard(task: plan.ReadTask, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[dict | Corrupt]:
+    """Samples [start, stop) of the shard at URL ``task.shard``: exactly ``len(task)`` items.
+
+    A network shard whose read fails midway is reopened up to `NETWORK_RETRIES` times, skipping what was
+    already delivered; what still cannot be read becomes `Corrupt` placeholders naming the error."""
+    position, last_key, error = 0, None, "the tar has fewer samples than its count says"
+    retries = NETWORK_RETRIES if local_path(task.shard) is None else 0  # a damaged local file stays damaged
+    for attempt in range(retries + 1):
+        seen = 0  # samples of this attempt's read
+        try:
+            with open_url(task.shard, timeout_s) as f:
+                for sample in complete_samples(task.shard, f):
+                    seen += 1
+                    if seen <= position:
+                        continue  # delivered by an earlier attempt
+                    if position >= task.stop:
+                        break
+                    if position >= task.start:
+                        yield sample
+                    last_key, position = sample["__key__"], position + 1
+            if position >= task.stop:
+                break
+            error = "the tar has fewer samples than its count says"  # or a connection that ended early
+        except Exception as exn:  # truncated or unreadable tar: what was read stays valid
+            error = f"{type(exn).__name__}: {exn}"
+        if attempt < retries and position < task.stop:
+            log.warning("reading shard %s failed after %d samples (%s); reopening it (%d/%d)", task.shard,
+                        position, error, attempt + 1, retries)
+            time.sleep(0.5 * (attempt + 1))
     for missing in range(max(position, task.start), task.stop):
         where = f"sample #{missing} (after key {last_key!r})" if last_key else f"sample #{missing}"
         yield Corrupt(task.shard, where, f"not readable from the shard: {error}")

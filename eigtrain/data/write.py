@@ -4,6 +4,12 @@
     eigtrain-shards source=cifar10 path=~/cifar-10-batches-py out=data/cifar10 shard_size=1000
     eigtrain-shards source=imagefolder path=~/imagenette2 out=data/imagenette shard_size=1000
     eigtrain-shards source=npz path=pairs.npz out=data/pairs val_fraction=0.1
+    eigtrain-shards index 'data/in1k/train-{000000..001023}.tar'          # -> data/in1k/wids-index.json
+    eigtrain-shards index 'https://host/in1k/train-{000000..001023}.tar' out=in1k-train.json
+
+``index`` counts the samples of existing webdataset shards (any tool's) once and writes a `wids` shard index
+(next to local shards, or to ``out=FILE``), which ``data.shards`` finds there (or takes as ``data.shard_index``)
+instead of counting again for every run.
 
 Shards are ``OUT/<split>-NNNNNN.tar`` with ``shard_size`` samples each (the last one of a split may be shorter);
 ``OUT/index.json`` is written last, so a directory with an index holds complete shards only.
@@ -14,13 +20,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
 import webdataset as wds
 
-from ..cli import parse_key_values
+from ..cli import compose_dataclass
 from .index import INDEX_NAME, ShardIndex, read_index, write_index
 from .sources import Source, cifar10_source, digits_source, imagefolder_source, npz_source
 
@@ -127,7 +134,7 @@ DEFAULT_VAL_FRACTION = 0.2
 
 def parse_args(argv: list[str]) -> dict:
     """key=value arguments; an unknown key or a bad value is one error that names it."""
-    args = asdict(parse_key_values(WriteArgs, argv))
+    args = asdict(compose_dataclass(WriteArgs, argv))
     if args["source"] not in SOURCES:
         raise ValueError(f"unknown source {args['source']!r}; allowed: {list(SOURCES)}")
     if args["out"] is None:
@@ -155,8 +162,40 @@ def build_source(args: dict) -> Source:
     return npz_source(path, val_fraction=val_fraction, seed=seed)
 
 
+@dataclass
+class IndexArgs:
+    out: str | None = None
+    name: str = ""
+    timeout_s: float = 60.0
+
+
+def index_main(argv: list[str]) -> None:
+    """``eigtrain-shards index PATTERN [out=FILE] [name=NAME]``."""
+    from .shards import WIDS_INDEX_NAME, count_samples, expand_shards, local_path, write_wids_index
+
+    if not argv or "=" in argv[0]:
+        raise ValueError("usage: eigtrain-shards index PATTERN [out=FILE] [name=NAME] (PATTERN: brace pattern of shards)")
+    args = compose_dataclass(IndexArgs, argv[1:])
+    urls = expand_shards(argv[0])
+    out = args.out
+    if out is None:
+        first = local_path(urls[0])
+        if first is None:
+            raise ValueError(f"the shards are not local files: give out=FILE for the index of {argv[0]}")
+        out = first.parent / WIDS_INDEX_NAME
+    with ThreadPoolExecutor(max(1, min(16, len(urls)))) as pool:
+        counts = list(pool.map(lambda u: count_samples(u, args.timeout_s), urls))
+    path = write_wids_index(out, urls, counts, args.name)
+    print(json.dumps({"index": str(path), "shards": len(urls), "samples": sum(counts)}))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "index":
+        try:
+            return index_main(argv[1:])
+        except (ValueError, OSError) as exn:
+            raise SystemExit(f"eigtrain-shards index: error: {exn}") from None
     try:
         args = parse_args(argv)
         source = build_source(args)

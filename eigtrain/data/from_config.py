@@ -1,0 +1,134 @@
+"""The ``data`` config group -> checks, shard preparation and the ShardStream of a training run.
+
+    check_data(cfg.data, world_size, per_rank_batch)      # cheap, also on a login node before submission
+    x_shape, a_shape = prepare_data(cfg.data, rank, cache_dir=run_dir / "data", barrier=dist.barrier)
+    stream = build_stream(cfg.data, batch_size=..., rank=..., world_size=..., seed=..., device=device,
+                          cache_dir=run_dir / "data")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .decode import FITS
+from .gpu_decode import DECODE_CHOICES, choose_jpeg_device
+from .index import INDEX_NAME, read_index
+from .shards import expand_shards, known_counts, local_path, shard_counts
+from .stream import ShardStream
+
+
+class DataConfigError(ValueError):
+    """A data config that cannot work; the message names the key, the numbers and the fix."""
+
+
+def _listed(value: Any) -> Any:
+    """A config value that is a string, None or a list (ListConfig) -> str, None or list[str]."""
+    return value if value is None or isinstance(value, str) else [str(v) for v in value]
+
+
+def uses_shards(data) -> bool:
+    return bool(data.get("shards"))
+
+
+def check_data(data, world_size: int, per_rank_batch: int) -> None:
+    """Key values, and the data against the job where it is cheap to know (local files, an existing index)."""
+    if data.get("image_fit", "cover") not in FITS:
+        raise DataConfigError(f"data.image_fit={data.image_fit!r} is not allowed; allowed: {', '.join(FITS)}")
+    if data.get("decode", "auto") not in DECODE_CHOICES:
+        raise DataConfigError(f"data.decode={data.decode!r} is not allowed; allowed: {', '.join(DECODE_CHOICES)}")
+    for key, low in (("mix_shards", 1), ("prefetch_factor", 1), ("shuffle_block", 0), ("num_workers", 0)):
+        value = data.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+            raise DataConfigError(f"data.{key} must be an integer >= {low}, got {value!r}")
+    if uses_shards(data):
+        if data.get("image_size") is None and data.get("view_size") is None:
+            raise DataConfigError("data.shards needs data.image_size (images of any size are brought to it in the "
+                                  "workers; image_fit=whole keeps the whole image for the random crops)")
+        urls = expand_shards(_listed(data.shards))
+        missing = [u for u in urls if (p := local_path(u)) is not None and not p.is_file()]
+        if missing:
+            raise DataConfigError(f"{len(missing)} of the {len(urls)} shards of data.shards do not exist, e.g. {missing[0]}")
+        try:  # counts from an index only (never a scan here); without one the stream checks at start-up
+            counts = known_counts(urls, data.get("shard_index"), float(data.get("io_timeout_s", 60)))
+        except (OSError, ValueError, KeyError):
+            return
+        if all(u in counts for u in urls):
+            _check_batches(sum(counts[u] for u in urls), "data.shards", data, world_size, per_rank_batch)
+        return
+    root = Path(data.root)
+    if not (root / INDEX_NAME).is_file():
+        return  # written later (write_if_missing) or reported by the stream with the command that writes it
+    _check_batches(read_index(root).num_samples(data.split), f"split {data.split!r} of {root}", data, world_size,
+                   per_rank_batch)
+
+
+def _check_batches(samples: int, where: str, data, world_size: int, per_rank_batch: int) -> None:
+    workers = max(int(data.num_workers), 1)
+    if samples // (world_size * workers) < per_rank_batch:
+        raise DataConfigError(
+            f"{where} has {samples} samples, fewer than one batch per reader slot: world_size x num_workers x "
+            f"per-rank batch = {world_size} x {workers} x {per_rank_batch}; lower data.num_workers or batch_size")
+
+
+def prepare_data(data, rank: int, cache_dir: Path | None = None, barrier: Callable[[], None] = lambda: None):
+    """Shapes of the model's inputs (x_shape, a_shape or None). Rank 0 goes first: it writes a demo data set
+    when configured (into an empty or new directory only, never over a user's data) or counts the samples of
+    foreign shards once (cached in `cache_dir`); the other ranks then read what it wrote."""
+    if uses_shards(data):
+        if rank == 0:
+            shard_counts(expand_shards(_listed(data.shards)), cache_dir, data.get("shard_index"),
+                         float(data.get("io_timeout_s", 60)))
+        barrier()
+        size = data.view_size or data.image_size
+        size = (size, size) if isinstance(size, int) else tuple(size)
+        x_shape = (3, *map(int, size))
+        return x_shape, (x_shape if data.mode == "pairs" else None)
+    root = Path(data.root)
+    if not (root / INDEX_NAME).exists() and data.write_if_missing:
+        if rank == 0:
+            _write_demo(data, root)
+        barrier()
+    index = read_index(root)
+    meta, size = index.meta, data.view_size or data.image_size or index.meta["image_shape"][1:]
+    size = (size, size) if isinstance(size, int) else size
+    x_shape = (int(meta.get("channels", meta["image_shape"][0])), *map(int, size))
+    if data.mode == "views":
+        return x_shape, None
+    return x_shape, (tuple(meta["a_shape"]) if meta.get("a_kind") == "vector" else x_shape)
+
+
+def _write_demo(data, root: Path) -> None:
+    if root.exists() and any(root.iterdir()):
+        raise DataConfigError(
+            f"data.root={root} has files but no {INDEX_NAME}: data.write_if_missing={data.write_if_missing} only writes "
+            f"the demo shards into a new or empty directory, never into a directory that holds other data. For "
+            f"webdataset shards written by other tools use data.shards='{root}/<name>-{{000000..000099}}.tar' "
+            f"(and data.write_if_missing=null)")
+    from .write import main as write_shards_cli
+
+    write_shards_cli([f"source={data.write_if_missing}", f"out={root}", f"shard_size={data.shard_size}"])
+
+
+def build_stream(data, *, batch_size: int, rank: int, world_size: int, seed: int, device: torch.device,
+                 cache_dir: Path | None = None) -> ShardStream:
+    """The training stream of the `data` config on `device` (pinned memory and nvJPEG decoding follow it)."""
+    device = torch.device(device)
+    pin = data.get("pin_memory")
+    common = dict(
+        split=data.split, batch_size=batch_size, rank=rank, world_size=world_size, num_workers=data.num_workers,
+        seed=seed, mode=data.mode, image_size=data.image_size, resampled=data.resampled,
+        max_corrupt=data.max_corrupt, shuffle_block=data.get("shuffle_block", 1000),
+        pin_memory=device.type == "cuda" if pin is None else bool(pin), prefetch_factor=data.get("prefetch_factor", 2),
+        persistent_workers=bool(data.get("persistent_workers", False)), image_fit=data.get("image_fit", "cover"),
+        mix_shards=data.get("mix_shards", 8), io_timeout_s=float(data.get("io_timeout_s", 60)),
+        jpeg_device=choose_jpeg_device(data.get("decode", "auto"), device) if data.mode == "views" else None,
+    )
+    if uses_shards(data):
+        return ShardStream(shards=_listed(data.shards), image_key=_listed(data.get("image_key")),
+                           label_key=data.get("label_key"), x_key=_listed(data.get("x_key")),
+                           a_key=_listed(data.get("a_key")), cache_dir=cache_dir,
+                           shard_index=data.get("shard_index"), **common)
+    return ShardStream(data.root, **common)

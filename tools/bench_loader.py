@@ -1,0 +1,158 @@
+"""Loader + augmentation throughput on JPEG webdataset shards, per CPU core; prints one JSON object.
+
+    python tools/bench_loader.py                      # 96 px and 224 px, imagenet (VICReg) preset, 2 cores
+    python tools/bench_loader.py --sizes 224 --batches 16 --cores 4
+
+Measured side by side in one run, on the same pinned cores, on shards written by webdataset's ShardWriter
+(jpg + cls, smooth synthetic images, JPEG quality 90) and read by a brace pattern:
+- ours_loader: ShardStream(shards=...) reading and decoding in `cores` DataLoader workers: the CPU work per
+  image of a GPU run, whose augmentation runs batched on the GPU (not measured here: no GPU);
+- ours_loader_cpu_augment: the same with cores-1 workers plus both views augmented batched in the main process
+  (1 thread) on the CPU: a run without a GPU;
+- webdataset_v2: open_clip's pipeline (``wds.WebDataset(urls).shuffle(1000).decode("pilrgb").to_tuple("jpg", "cls")
+  .map_tuple(transform).batched(B)`` in a DataLoader with `cores` workers), the transform being the same
+  preset's two views as per-image torchvision.transforms.v2 on the PIL image, then ToImage/ToDtype/Normalize.
+Repeats alternate between the pipelines; medians are reported, with the ratio ours / webdataset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import tempfile
+import time
+import warnings
+
+import numpy as np
+import torch
+import webdataset as wds
+from PIL import Image
+from torch.utils.data import DataLoader
+from torchvision.transforms import v2
+
+from eigtrain.data import ShardStream, build_augment
+from eigtrain.data.augment import NORMALIZATION, PRESETS
+
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning)
+
+
+def write_jpeg_shards(directory: str, n: int, size: int, per_shard: int, seed: int = 0) -> str:
+    """Smooth random RGB JPEGs (upsampled noise: file sizes close to natural images); returns the brace pattern."""
+    rng = np.random.default_rng(seed)
+    with wds.ShardWriter(os.path.join(directory, "bench-%06d.tar"), maxcount=per_shard, verbose=0) as sink:
+        for i in range(n):
+            coarse = rng.integers(0, 256, (max(size // 8, 2), max(size // 8, 2), 3), dtype=np.uint8)
+            buffer = io.BytesIO()
+            Image.fromarray(coarse).resize((size, size), Image.BICUBIC).save(buffer, format="JPEG", quality=90)
+            sink.write({"__key__": f"img-{i:07d}", "jpg": buffer.getvalue(), "cls": i % 10})
+    shards = -(-n // per_shard)
+    return os.path.join(directory, f"bench-{{000000..{shards - 1:06d}}}.tar")
+
+
+def pil_views(preset: str, size: int):
+    """The preset's two views as per-image v2 pipelines on PIL images (open_clip's style), normalized tensors."""
+    mean, std = NORMALIZATION[preset]
+    composes = []
+    for r in PRESETS[preset]:
+        steps = [v2.RandomResizedCrop(size, scale=r.crop_scale, ratio=r.crop_ratio,
+                                      interpolation=v2.InterpolationMode.BICUBIC, antialias=True)]
+        if r.flip_p:
+            steps.append(v2.RandomHorizontalFlip(r.flip_p))
+        if r.jitter is not None:
+            steps.append(v2.RandomApply([v2.ColorJitter(*r.jitter)], p=r.jitter_p))
+        if r.gray_p:
+            steps.append(v2.RandomGrayscale(r.gray_p))
+        if r.blur_p:
+            radius = min(int(np.ceil(3 * r.blur_sigma[1])), size - 1)
+            steps.append(v2.RandomApply([v2.GaussianBlur(2 * radius + 1, r.blur_sigma)], p=r.blur_p))
+        if r.solarize_p:
+            steps.append(v2.RandomSolarize(128, p=r.solarize_p))
+        steps += [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+        composes.append(v2.Compose(steps))
+    return composes
+
+
+class TwoViews:
+    def __init__(self, preset, size):
+        self.views = pil_views(preset, size)
+
+    def __call__(self, image):
+        return self.views[0](image), self.views[1](image)
+
+
+def timed(make_batches, count: int, size_of) -> float:
+    """images/s over `count` batches, worker start-up included: nothing is produced before the clock starts
+    (a DataLoader prefetches, so timing after a first batch would count batches made while waiting for it)."""
+    start, images = time.perf_counter(), 0
+    batches = make_batches()
+    for _ in range(count):
+        images += size_of(next(batches))
+    return images / (time.perf_counter() - start)
+
+
+def ours(pattern, args, size, augment=None) -> float:
+    """ShardStream; with `augment` both views are made batched in this process (1 thread) on the CPU."""
+    workers = args.cores - 1 if augment is not None else args.cores
+    stream = ShardStream(shards=pattern, batch_size=args.batch, num_workers=max(workers, 1), seed=0,
+                         label_key="cls", image_size=size, image_fit="whole", shuffle_block=1000)
+    generator = torch.Generator().manual_seed(0)
+
+    def size_of(batch):
+        if augment is not None:
+            augment(batch["image"], generator, sizes=batch["size"])
+        return len(batch["key"])
+
+    return timed(lambda: iter(stream), args.cpu_augment_batches if augment is not None else args.batches, size_of)
+
+
+def webdataset_v2(pattern, args, size) -> float:
+    dataset = (wds.WebDataset(pattern, shardshuffle=False, nodesplitter=None, workersplitter=wds.split_by_worker,
+                              empty_check=False)
+               .shuffle(1000).decode("pilrgb").to_tuple("jpg", "cls")
+               .map_tuple(TwoViews(args.preset, size), lambda c: c).batched(args.batch))
+    return timed(lambda: iter(DataLoader(dataset, batch_size=None, num_workers=args.cores)), args.batches,
+                 lambda batch: len(batch[1]))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[96, 224])
+    parser.add_argument("--preset", default="imagenet", choices=sorted(PRESETS))
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=8, help="timed batches per loader run")
+    parser.add_argument("--cpu-augment-batches", type=int, default=2, help="timed batches with CPU augmentation")
+    parser.add_argument("--cores", type=int, default=2, help="pin this process and its workers to this many CPUs")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+
+    cores = sorted(os.sched_getaffinity(0))[: args.cores]
+    os.sched_setaffinity(0, cores)  # DataLoader workers inherit it: all pipelines get the same CPUs
+    args.cores = len(cores)
+    torch.set_num_threads(1)  # CPU augmentation: one thread beside cores-1 decoding workers
+    results = {}
+    for size in args.sizes:
+        augment = build_augment(args.preset, image_size=size)
+        with tempfile.TemporaryDirectory() as tmp:
+            n = args.batch * (args.batches + 2) * args.cores * 2  # every worker has batches to spare
+            pattern = write_jpeg_shards(tmp, n, size, per_shard=max(n // (4 * args.cores), 1))
+            runs = {"ours_loader": [], "ours_loader_cpu_augment": [], "webdataset_v2": []}
+            for _ in range(args.repeats):
+                runs["ours_loader"].append(ours(pattern, args, size))
+                runs["webdataset_v2"].append(webdataset_v2(pattern, args, size))
+                runs["ours_loader_cpu_augment"].append(ours(pattern, args, size, augment))
+        median = {k: statistics.median(v) for k, v in runs.items()}
+        results[f"{size}px"] = {
+            **{f"{k}_images_per_s_per_core": round(v / args.cores, 1) for k, v in median.items()},
+            "ratio_ours_loader_vs_webdataset_v2": round(median["ours_loader"] / median["webdataset_v2"], 2),
+            "ratio_ours_all_on_cpu_vs_webdataset_v2": round(median["ours_loader_cpu_augment"] / median["webdataset_v2"], 2),
+            "runs_images_per_s": {k: [round(x, 1) for x in v] for k, v in runs.items()},
+        }
+    print(json.dumps({"config": {**vars(args), "cores": cores, "load_average_1min": os.getloadavg()[0]},
+                      "two_views_per_image": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
