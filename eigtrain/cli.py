@@ -1,23 +1,190 @@
-"""key=value command-line arguments (the Hydra override style) into a typed dataclass."""
+"""Command lines of every eigtrain command: Hydra overrides composed onto a typed dataclass schema.
+
+`compose_dataclass` serves the small commands (eigtrain-shards, -rr, -eval, -synthetic): the dataclass is
+the schema (registered in Hydra's ConfigStore), the arguments are Hydra overrides (`key=value`,
+`a.b=value`, lists `[1,2]`), and Hydra composes them, so unknown keys and bad types are rejected the
+same way as in eigtrain-train. `check_hydra_command_line` composes eigtrain-train's command line (every
+sweep point of a multirun) before Hydra runs it, so that a config error is one line, not a traceback.
+Every failure is a `ValueError` (a `ConfigError` for training) whose message is one line naming the key.
+"""
 
 from __future__ import annotations
 
-from dataclasses import fields
+import contextlib
+import dataclasses
+import io
+import re
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+from hydra.errors import HydraException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from eigtrain.schema import ConfigError, describe
 
-def parse_key_values(schema: type, argv: list[str]):
-    """An instance of dataclass `schema`; an unknown key or a bad value is one ValueError naming it."""
-    names = [f.name for f in fields(schema)]
+_INTEGRAL_FLOAT = re.compile(r"^[+-]?\d[\d_]*(\.\d*)?[eE][+]?\d+$")
+
+
+# ------------------------------------------------------------------------------------ error lines
+
+def error_line(error: BaseException) -> str:
+    """One line for a Hydra or OmegaConf error: the key, what is wrong, and what is allowed."""
+    if isinstance(error, MissingConfigException) and error.options is not None and error.missing_cfg_file:
+        group, _, option = error.missing_cfg_file.rpartition("/")
+        return f"{group}={option} is not an option; allowed: {', '.join(sorted(error.options))}"
+    cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
+    if isinstance(cause, OmegaConfBaseException):
+        return describe(cause)
+    return " ".join(str(error).split("\n")[:1]) or type(error).__name__
+
+
+# --------------------------------------------------------------------- small commands (dataclasses)
+
+def compose_dataclass(schema: type, argv: Sequence[str], groups: Mapping[str, Mapping[str, dict]] | None = None):
+    """An instance of dataclass `schema` from Hydra overrides `argv`; ValueError (one line) on a bad one.
+
+    groups: optional named presets, e.g. {"preset": {"paper": {...}}}: `preset=paper` applies those values
+    first (a Hydra config group), explicit keys still win. Values of string fields are taken literally
+    (`kernels=a,b`, `path=/x/{000..009}.tar`), integers accept `3e5`, and `a.KEY=value` adds KEY to a
+    dict field, as the commands always did.
+    """
+    from hydra import compose, initialize
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+
+    names = [f.name for f in dataclasses.fields(schema)]
+    overrides = []
     for item in argv:
-        key, sep, _ = item.partition("=")
-        if not sep:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
             raise ValueError(f"arguments are key=value, got {item!r}; keys: {', '.join(names)}")
-        if key.split(".")[0] not in names:
+        if key.split(".")[0] not in names and key not in (groups or {}):
             raise ValueError(f"unknown key {key!r}; allowed: {', '.join(names)}")
+        overrides.append(_as_override(schema, key, value))
+
+    store, primary = ConfigStore.instance(), f"eigtrain_cli_{schema.__module__}.{schema.__qualname__}".replace(".", "_")
+    store.store(name=f"{primary}_schema", node=schema)
+    defaults: list[Any] = [f"{primary}_schema"]
+    for group, options in (groups or {}).items():
+        for option, values in options.items():
+            own = {group: option} if group in names else {}
+            store.store(group=f"{primary}_{group}", name=option, node={**own, **values}, package="_global_")
+        defaults.append({f"{primary}_{group}": None})
+        overrides = [f"{primary}_{o}" if o.startswith(f"{group}=") else o for o in overrides]
+    store.store(name=primary, node={"defaults": [*defaults, "_self_"]})
+
+    outer = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    GlobalHydra.instance().clear()  # also inside a running Hydra app (eigtrain-train writing demo shards)
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.from_dotlist(argv)))
-    except OmegaConfBaseException as error:
-        raise ValueError(f"bad value for {getattr(error, 'full_key', None)}: {str(error).splitlines()[0]}") from None
+        with initialize(version_base="1.3", config_path=None):
+            cfg = compose(primary, overrides=overrides)
+        return OmegaConf.to_object(cfg)
+    except MissingConfigException as error:  # preset=NAME that does not exist
+        group = (error.missing_cfg_file or "").rpartition("/")[0].removeprefix(f"{primary}_")
+        raise ValueError(f"{group}={error.missing_cfg_file.rpartition('/')[2]!r} is unknown; "
+                         f"allowed: {', '.join(sorted(error.options or []))}") from None
+    except (HydraException, OmegaConfBaseException) as error:
+        raise ValueError(error_line(error).replace(f"{primary}_", "")) from None
+    finally:
+        GlobalHydra.instance().clear()
+        if outer is not None:
+            GlobalHydra.instance().initialize(outer)
+
+
+def _field_type(schema: type, key: str):
+    """The declared type at dotted `key` of dataclass `schema` ("dict entry" inside a dict field)."""
+    kind: Any = schema
+    for part in key.lstrip("+~").split("."):
+        if kind == "dict entry" or _is_dict(kind):
+            kind = "dict entry"
+            continue
+        if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+            return None
+        kind = typing.get_type_hints(kind).get(part)
+    return kind
+
+
+def _is_dict(kind) -> bool:
+    return any(t is dict or typing.get_origin(t) is dict for t in (kind, *typing.get_args(kind)))
+
+
+def _as_override(schema: type, key: str, value: str) -> str:
+    kind = _field_type(schema, key)
+    if kind == "dict entry":  # a new key of a dict field (encoder.kwargs.KEY=VALUE): add or replace it
+        return f"++{key.lstrip('+')}={value}"
+    args = set(typing.get_args(kind)) - {type(None)} or {kind}
+    if args <= {str, Any} and value != "null" and not value.startswith(("'", '"')) \
+            and not (Any in args and value.startswith("[")):
+        return f"{key}='{_quoted(value)}'"  # taken literally: commas, braces, `=` are no Hydra syntax here
+    if args == {int} and _INTEGRAL_FLOAT.match(value):
+        number = float(value.replace("_", ""))
+        if number == int(number):
+            return f"{key}={int(number)}"
+    return f"{key}={value}"
+
+
+def _quoted(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+# --------------------------------------------------------------------------- eigtrain-train (Hydra)
+
+def hydra_overrides(argv: Sequence[str]) -> tuple[list[str], bool, str | None] | None:
+    """(overrides, multirun, config_name) of a Hydra app's command line; None when it asks for help,
+    completion, a rerun or the like (nothing to compose) or is not valid (Hydra then says why)."""
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            args = get_args_parser().parse_args(list(argv))
+    except SystemExit:
+        return None
+    if args.help or args.hydra_help or args.shell_completion or args.info \
+            or args.experimental_rerun or args.config_path:
+        return None
+    overrides = list(args.overrides)
+    if args.config_dir:
+        overrides.append(f"hydra.searchpath=[file://{args.config_dir}]")
+    return overrides, bool(args.multirun), args.config_name
+
+
+def sweep_points(overrides: Sequence[str]) -> list[list[str]]:
+    """Points to check of a sweep: every value of each swept key once (the other keys at their first)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    values = []
+    for override in parsed:
+        if override.is_sweep_override():
+            key = override.get_key_element()
+            try:
+                values.append([f"{key}={v}" for v in override.sweep_string_iterator()])
+            except Exception:  # glob() and other sweeps that need the config repository: checked by Hydra
+                values.append(None)
+        else:
+            values.append([override.input_line])
+    fixed = [v[0] if v else None for v in values]
+    points = [[o for o in fixed if o is not None]]
+    for i, options in enumerate(values):
+        for option in (options or [])[1:]:
+            points.append([o for o in fixed[:i] + [option] + fixed[i + 1:] if o is not None])
+    return points
+
+
+def check_hydra_command_line(argv: Sequence[str], check: Callable[[list[str], str | None], None]) -> None:
+    """Compose each point of the command line with `check(overrides, config_name)`; a bad one is one
+    ConfigError line (an unknown key or option with the allowed ones, a bad type, a failed check)."""
+    parsed = hydra_overrides(argv)
+    if parsed is None:
+        return
+    overrides, multirun, config_name = parsed
+    try:
+        points = sweep_points(overrides) if multirun else [overrides]
+        for point in points:
+            check(point, config_name)
+    except ConfigError:
+        raise
+    except (HydraException, OmegaConfBaseException) as error:
+        raise ConfigError(error_line(error)) from None

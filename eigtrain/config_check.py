@@ -1,51 +1,27 @@
 """Checks of the composed training config, run before any expensive work.
 
-Every failure is one ``ConfigError`` naming the key and the allowed values. (Hydra already rejects
-unknown keys on the command line; this also covers configs built in code and ``+key=`` additions.)
+Every failure is one ``ConfigError`` naming the key and the allowed values. Unknown keys and bad types are
+the schema's job (eigtrain/schema.py); this adds the choices and the combinations a type cannot express.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Iterable
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from eigtrain.data.augment import PRESETS
+from eigtrain.data.from_config import check_data
 from eigtrain.engine import ENGINES, OPTIMIZERS, PRECISIONS, SCHEDULES
 from eigtrain.engine.deepspeed_zero import ZERO_STAGES
 from eigtrain.metrics_log import WANDB_MODES
 from eigtrain.models import BACKBONES
 from eigtrain.objectives import OBJECTIVES
+from eigtrain.schema import ConfigError, check
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-GROUPS = ("objective", "nesting", "model", "data", "engine", "optim", "launcher")
 NESTING_MODES = ("none", "joint", "sequential")
 DATA_MODES = ("views", "pairs")
-
-
-class ConfigError(ValueError):
-    """A bad training config: names the key and what is allowed."""
-
-
-def _known_keys() -> dict[str, set[str]]:
-    """Top-level keys of train.yaml, and per group the union of the keys of its option files."""
-    known = {"": set(OmegaConf.load(CONFIG_DIR / "train.yaml")) | set(GROUPS) | {"experiment"}}
-    for group in GROUPS:
-        known[group] = set().union(*(set(OmegaConf.load(f)) for f in (CONFIG_DIR / group).glob("*.yaml")))
-    return known
-
-
-def _check_known_keys(cfg: DictConfig) -> None:
-    known = _known_keys()
-    for key in cfg:
-        if key not in known[""]:
-            raise ConfigError(f"unknown config key {key!r}; allowed: {', '.join(sorted(known['']))}")
-    for group in GROUPS:
-        for key in cfg.get(group) or {}:
-            if key not in known[group]:
-                raise ConfigError(f"unknown config key '{group}.{key}'; allowed: {', '.join(sorted(known[group]))}")
 
 
 def _choice(key: str, value: Any, allowed: Iterable[Any]) -> None:
@@ -61,7 +37,7 @@ def _positive_int(key: str, value: Any) -> None:
 
 def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
     """Check ``cfg`` for a job of ``world_size`` ranks; return (micro_batch_size, grad_accum_steps)."""
-    _check_known_keys(cfg)
+    check(cfg)  # unknown keys, bad types
     _choice("objective.name", cfg.objective.name, OBJECTIVES)
     _choice("nesting.mode", cfg.nesting.mode, NESTING_MODES)
     _choice("model.backbone", cfg.model.backbone, BACKBONES)
@@ -101,4 +77,8 @@ def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
     if objective.split_batch and micro % 2:
         raise ConfigError(f"objective={cfg.objective.name} splits each per-rank micro-batch into even/odd halves: "
                           f"micro_batch_size (batch_size / world size / accumulation) must be even, got {micro}")
+    try:  # data keys, and the data against ranks x workers where that is cheap to know (also on a login node)
+        check_data(cfg.data, world_size, cfg.batch_size // world_size)
+    except ValueError as exn:
+        raise ConfigError(str(exn)) from None
     return micro, cfg.batch_size // (world_size * micro)

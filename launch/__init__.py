@@ -13,7 +13,7 @@ def launch(cfg: Mapping, fn: Callable, *args, **kwargs):
     if kind == "local":
         return fn(*args, **kwargs)
     if kind == "slurm":
-        from launch.slurm import submit
+        from eigtrain.launch.slurm import submit
 
         return submit(cfg, fn, *args, **kwargs)
     raise ValueError(f"launcher.name={kind!r}; allowed: 'local', 'slurm'")

@@ -15,6 +15,7 @@ Both are bounded by `max_requeues` (counted with SLURM_RESTART_COUNT).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -28,28 +29,11 @@ import submitit
 from submitit.core.job_environment import JobEnvironment
 
 from eigtrain import dist
+from eigtrain.schema import SlurmLauncherConfig
 
-DEFAULTS: dict = {
-    "name": "slurm",  # the launcher kind (launcher=slurm); checked by launch.launch
-    "job_name": "eigtrain",
-    "folder": None,  # submitit's logs and pickles; put it inside the run dir
-    "partition": None,
-    "account": None,
-    "qos": None,
-    "time": 60,  # minutes
-    "nodes": 1,
-    "gpus_per_node": 0,
-    "tasks_per_node": None,  # default: gpus_per_node, at least 1
-    "cpus_per_task": None,
-    "mem": None,  # GB as a number, or a Slurm string such as "64G" or "0" (all of the node)
-    "constraint": None,
-    "additional_parameters": {},  # any other sbatch option, e.g. {"exclusive": True}
-    "setup": [],  # shell lines run before srun, e.g. ["module load cuda/12.4"]
-    "max_requeues": 3,
-    "signal_delay_s": 120,  # USR2 this long before the time limit: time to save a checkpoint
-    "save_on_signal": False,
-    "wait": False,
-}
+# Every key and its default: eigtrain.schema.SlurmLauncherConfig (configs/launcher/slurm.yaml documents them).
+DEFAULTS: dict = dataclasses.asdict(SlurmLauncherConfig())
+GPU_BINDINGS = ("node", "task")
 
 
 def _config(cfg: Mapping) -> dict:
@@ -69,6 +53,10 @@ def _config(cfg: Mapping) -> dict:
     for key, low in minimum.items():
         if not isinstance(out[key], int) or out[key] < low:
             raise ValueError(f"launcher.{key} must be an integer >= {low}, got {out[key]!r}")
+    if out["gpu_binding"] not in GPU_BINDINGS:
+        raise ValueError(f"launcher.gpu_binding={out['gpu_binding']!r}; allowed: {', '.join(GPU_BINDINGS)}")
+    if out["cpus_per_task"] is not None and (not isinstance(out["cpus_per_task"], int) or out["cpus_per_task"] < 1):
+        raise ValueError(f"launcher.cpus_per_task must be an integer >= 1, got {out['cpus_per_task']!r}")
     if out["tasks_per_node"] is None:
         out["tasks_per_node"] = max(1, out["gpus_per_node"])
     if not isinstance(out["tasks_per_node"], int) or out["tasks_per_node"] < 1:
@@ -104,12 +92,21 @@ def make_executor(cfg: Mapping) -> submitit.AutoExecutor:
         additional["mem"] = c["mem"]
     elif c["mem"] is not None:
         mem_gb = float(c["mem"])
+    elif c["mem_per_cpu"] is not None:  # memory that grows with the loader workers (cpus_per_task)
+        per_cpu = c["mem_per_cpu"]
+        additional.setdefault("mem_per_cpu", per_cpu if isinstance(per_cpu, str) else f"{int(float(per_cpu) * 1024)}M")
+    gpus = {}
+    if c["gpus_per_node"] and c["gpu_binding"] == "task":  # Slurm gives each task its own GPU (cuda:0 there)
+        gpus["slurm_gpus_per_task"] = 1
+    elif c["gpus_per_node"]:  # every task sees the node's GPUs and takes the one at its local rank, so
+        gpus["gpus_per_node"] = c["gpus_per_node"]  # NCCL keeps peer-to-peer/NVLink between them
+        additional.setdefault("gpu_bind", "none")
     executor.update_parameters(
         name=c["job_name"],
         timeout_min=c["time"],
         nodes=c["nodes"],
         tasks_per_node=c["tasks_per_node"],
-        gpus_per_node=c["gpus_per_node"] or None,  # no GPU request at all on CPU partitions
+        **gpus,  # none at all on CPU partitions
         cpus_per_task=c["cpus_per_task"],
         mem_gb=mem_gb,
         slurm_partition=c["partition"],

@@ -1,4 +1,4 @@
-"""Jobs submitted through launch.slurm to a real single-node Slurm cluster (tests/slurm_fixture.py).
+"""Jobs submitted through eigtrain.launch.slurm to a real single-node Slurm cluster (tests/slurm_fixture.py).
 
 Each job has 2 CPU tasks that form a gloo group. Interruptions are real Slurm signals: `scancel
 --signal=USR2` delivers the same signal Slurm sends `signal_delay_s` before a time limit.
@@ -6,6 +6,7 @@ Each job has 2 CPU tasks that form a gloo group. Interruptions are real Slurm si
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import torch
 import torch.distributed as torch_dist
 
 from eigtrain import dist
-from launch.slurm import JobFailedError, submit, wait, world_size
+from eigtrain.launch.slurm import JobFailedError, submit, wait, world_size
 from tests.slurm_fixture import slurm_cluster  # noqa: F401  (fixture)
 
 # The jobs' Python processes import nothing from tests/: ship this module's functions by value.
@@ -42,6 +43,51 @@ def test_launcher_config_defaults_and_errors():
     ]:
         with pytest.raises(ValueError, match=message):
             world_size(cfg)
+
+
+def sbatch_options(*overrides: str) -> list[str]:
+    """The #SBATCH lines eigtrain-train would submit for these overrides (submitit writes them)."""
+    from eigtrain.launch.slurm import make_executor
+    from eigtrain.train import compose_config
+
+    cfg = compose_config(["experiment=cpu_debug", "launcher=slurm", "run_dir=/tmp/r", *overrides])
+    text = make_executor(cfg.launcher)._executor._make_submission_file_text("true", "uid")
+    return [line.removeprefix("#SBATCH ") for line in text.splitlines() if line.startswith("#SBATCH")]
+
+
+@pytest.mark.skipif(not shutil.which("sbatch"), reason="submitit's executor needs sbatch on PATH")
+def test_default_resources_follow_the_data_workers_and_bind_gpus():
+    options = sbatch_options("data.num_workers=6", "launcher.gpus_per_node=8")
+    assert {"--cpus-per-task=7", "--mem-per-cpu=4096M", "--gpus-per-node=8", "--gpu-bind=none",
+            "--ntasks-per-node=8"} <= set(options)
+    options = sbatch_options("launcher.gpus_per_node=4", "launcher.gpu_binding=task")
+    assert {"--cpus-per-task=2", "--gpus-per-task=1", "--ntasks-per-node=4"} <= set(options)
+    assert not any(o.startswith(("--gpus-per-node", "--gpu-bind")) for o in options)
+    options = sbatch_options("launcher.cpus_per_task=3", "launcher.mem=64G")  # overridable; a CPU job asks no GPU
+    assert {"--cpus-per-task=3", "--mem=64G"} <= set(options)
+    assert not any(o.startswith(("--mem-per-cpu", "--gpu")) for o in options)
+    assert "--mem-per-cpu=8G" in sbatch_options("launcher.mem_per_cpu=8G")
+
+
+@pytest.mark.slow
+def test_slurm_sweep_submits_one_job_per_point_with_the_default_resources(slurm_cluster, tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "eigtrain.train", "-m", "experiment=cpu_debug", "optim.lr=0.05,0.1", "launcher=slurm",
+         f"run_dir={tmp_path / 'sweep'}", "+launcher.additional_parameters.hold=true"],  # held: never runs
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    jobs = [line.split()[3] for line in out.stdout.splitlines() if line.startswith("submitted Slurm job")]
+    try:
+        assert len(jobs) == 2
+        shown = [subprocess.run(["scontrol", "show", "job", "-o", j], capture_output=True, text=True, check=True).stdout
+                 for j in jobs]
+        for job in shown:  # cpu_debug: 1 loader worker + the training process
+            assert "CPUs/Task=2" in job and "MinMemoryCPU=4G" in job and "JobState=PENDING" in job, job
+        logs = sorted(field.split("=", 1)[1] for job in shown for field in job.split() if field.startswith("StdOut="))
+        assert [Path(log).parent.parent.name for log in logs] == ["experiment=cpu_debug,optim.lr=0.05",
+                                                                  "experiment=cpu_debug,optim.lr=0.1"]
+    finally:
+        subprocess.run(["scancel", *jobs])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -220,7 +266,7 @@ def test_training_job_checkpoints_and_resumes_after_requeue_to_the_same_weights(
 
     from eigtrain.checkpoint import complete_checkpoints
     from eigtrain.train import run
-    from launch import launch
+    from eigtrain.launch import launch
 
     data = tmp_path / "data"  # written by the first job's rank 0 (write_if_missing)
     whole = training_config(tmp_path / "whole", data)

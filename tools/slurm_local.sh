@@ -48,6 +48,8 @@ start_munge() {
 write_conf() {
   mkdir -p "$dir/state" "$dir/spool" "$dir/log"
   local cpus; cpus=$(nproc)
+  # the node's memory (MB), as a real site declares it, so that jobs may ask for --mem / --mem-per-cpu
+  local mem_mb; mem_mb=$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
   # linuxproc/task none: no cgroups needed (containers). JobRequeue=1: batch jobs are requeueable.
   # KillWait short so tests do not wait 30 s after a signal; MinJobAge keeps finished jobs visible
   # to scontrol (there is no accounting database, so no sacct).
@@ -82,7 +84,7 @@ MinJobAge=600
 SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
 }

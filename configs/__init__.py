@@ -1,0 +1,1 @@
+"""Hydra configs of eigtrain-train, shipped as package data (eigtrain.configs); see configs/train.yaml."""
