@@ -111,7 +111,8 @@ def rng_state(generators: Mapping[str, torch.Generator] | None = None) -> dict[s
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # This process's own GPU only: a requeued job may see another number of GPUs per task.
+        state["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
     for name, gen in (generators or {}).items():
         state[f"generator.{name}"] = gen.get_state()
     return state
@@ -122,8 +123,14 @@ def set_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.Gener
     kind, keys, *rest = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if isinstance(cuda, (list, tuple)):  # older checkpoints: every visible GPU's state; take this process's own
+        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        cuda = cuda[index] if index < len(cuda) else None
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda, torch.cuda.current_device())
+    elif cuda is not None:
+        log.warning("the checkpoint holds a CUDA random state but no GPU is visible: resuming on CPU, not exactly")
     for name, gen in (generators or {}).items():
         gen.set_state(state[f"generator.{name}"])
 

@@ -222,10 +222,7 @@ def init_distributed(env: DistEnv | None = None, backend: str | None = None, tim
         MASTER_PORT=str(env.master_port),
     )
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    device = None
-    if backend == "nccl":
-        device = torch.device("cuda", _cuda_device_index(env))
-        torch.cuda.set_device(device)
+    device = select_device(env, "cuda") if backend == "nccl" else None
     if env.world_size == 1 or dist.is_initialized():
         return env
     dist.init_process_group(
@@ -233,6 +230,26 @@ def init_distributed(env: DistEnv | None = None, backend: str | None = None, tim
         timeout=timedelta(seconds=timeout_s), device_id=device,
     )
     return env
+
+
+def select_device(env: DistEnv, kind: str = "auto") -> torch.device:
+    """This process's device, chosen here for every command (train, Rayleigh-Ritz, evaluation) so that they agree.
+
+    kind: auto (this task's GPU when one is visible, else the CPU) | cpu | cuda | an explicit torch device string.
+    The GPU is LOCAL_RANK's, or device 0 when the launcher binds one GPU per task (Slurm --gpus-per-task=1);
+    it also becomes the current CUDA device (NCCL, new tensors on "cuda").
+    """
+    if kind not in ("auto", "cpu", "cuda"):
+        device = torch.device(kind)
+    elif kind == "cpu" or (kind == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    elif not torch.cuda.is_available():
+        raise ValueError("device=cuda but no GPU is visible; use device=auto or device=cpu")
+    else:
+        device = torch.device("cuda", _cuda_device_index(env))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def _cuda_device_index(env: DistEnv) -> int:

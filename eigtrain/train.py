@@ -11,6 +11,7 @@ A run resumes automatically from the newest complete checkpoint in ``run_dir``.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -22,13 +23,16 @@ from omegaconf import DictConfig, OmegaConf
 from eigtrain import checkpoint as ckpt
 from eigtrain import dist
 from eigtrain.config_check import ConfigError, validate
-from eigtrain.data import ShardStream, build_augment, read_index
+from eigtrain.data import build_augment
+from eigtrain.data import from_config as data_setup
 from eigtrain.engine import build_engine, chunks, lr_at
+from eigtrain.engine.base import LossFn, enable_cuda_fast_paths
 from eigtrain.metrics_log import MetricsLog, Progress, Throughput, stable_run_id, write_run_records
-from eigtrain.models import build_encoder, convert_sync_batch_norm
+from eigtrain.models import build_encoder, use_sync_batch_norm
+from eigtrain.monitor import build_monitor
 from eigtrain.objectives import build_objective
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_PACKAGE = "eigtrain.configs"  # configs/ of the repository, shipped inside the package (pyproject.toml)
 log = logging.getLogger("eigtrain.train")
 
 
@@ -36,42 +40,31 @@ class NonFiniteError(RuntimeError):
     """Too many steps with a non-finite loss or gradient."""
 
 
-def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+def compose_config(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:
     """The composed training config, as the command line would build it (for tests, tools, launchers)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_module
 
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
-
-
-def prepare_data(cfg: DictConfig, rank: int):
-    """The shard index; rank 0 first writes the demo shards when configured and missing."""
-    root = Path(cfg.root)
-    if not (root / "index.json").exists() and cfg.write_if_missing:
-        if rank == 0:
-            from eigtrain.data.write import main as write_shards_cli
-
-            write_shards_cli([f"source={cfg.write_if_missing}", f"out={root}", f"shard_size={cfg.shard_size}"])
-        dist.barrier()
-    index = read_index(root)
-    meta, size = index.meta, cfg.view_size or cfg.image_size or index.meta["image_shape"][1:]
-    x_shape = (int(meta.get("channels", meta["image_shape"][0])), *map(int, size))
-    if cfg.mode == "views":
-        return x_shape, None
-    return x_shape, (tuple(meta["a_shape"]) if meta.get("a_kind") == "vector" else x_shape)
+    with initialize_config_module(config_module=CONFIG_PACKAGE, version_base="1.3"):
+        return compose(config_name, overrides=list(overrides))
 
 
-def make_loss_fn(engine, objective, pairs: bool):
-    """loss_fn(module, (first, second)) for engine.train_step: encoder under autocast, objective in fp32."""
+def prepare_data(cfg: DictConfig, rank: int, cache_dir: Path | None = None):
+    """Input shapes (x, a or None); rank 0 first writes the demo shards when configured and missing (into a new
+    or empty directory only) or counts the samples of foreign shards once (cached in `cache_dir`)."""
+    return data_setup.prepare_data(cfg, rank, cache_dir, barrier=dist.barrier)
 
-    def loss_fn(module, micro):
+
+def make_loss_fn(engine, objective, pairs: bool) -> LossFn:
+    """loss_fn(module, (first, second)) for engine.train_step: encoder under autocast, objective in fp32
+    (encode and objective apart, so that accumulation can evaluate the objective on the whole batch)."""
+
+    def encode(module, micro):
         first, second = micro
         with engine.autocast():
             # Views: one forward over both (one pass through BatchNorm and the wrapper); pairs: phi(x), psi(a).
-            z1, z2 = module(first, second) if pairs else module(torch.cat([first, second])).chunk(2)
-        return objective(z1.float(), z2.float())
+            return module(first, second) if pairs else module(torch.cat([first, second])).chunk(2)
 
-    return loss_fn
+    return LossFn(encode, objective)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -81,11 +74,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     nest, coefficients = cfg.nesting, {k: v for k, v in cfg.objective.items() if k != "name"}
     objective = build_objective(cfg.objective.name, cfg.dim, nesting=nest.mode, prefixes=nest.prefixes,
                                 weights=nest.weights, pairs=cfg.data.mode == "pairs", **coefficients)
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     threads, had_group = torch.get_num_threads(), torch.distributed.is_initialized()
     torch.set_num_threads(cfg.cpu_threads or threads)
-    dist.init_distributed(env, backend="nccl" if use_cuda else "gloo", timeout_s=cfg.dist_timeout_s)
-    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")  # set by init
+    device = dist.select_device(env, cfg.device)  # the one place that binds this rank's GPU
+    dist.init_distributed(env, backend="nccl" if device.type == "cuda" else "gloo", timeout_s=cfg.dist_timeout_s)
+    if device.type == "cuda":
+        enable_cuda_fast_paths()  # TF32 + cuDNN autotuning (the objective keeps IEEE fp32)
     # Only the multi-process group made here is destroyed at the end; the one-process group the DeepSpeed
     # engine makes for itself stays (DeepSpeed caches its groups for the life of the process).
     owns_group = torch.distributed.is_initialized() and not had_group
@@ -101,15 +95,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, micro_batch: int, accum: int) -> dict[str, Any]:
     rank, world, rank0, data, pairs = env.rank, env.world_size, env.rank == 0, cfg.data, cfg.data.mode == "pairs"
     run_dir = Path(cfg.run_dir)
-    x_shape, a_shape = prepare_data(data, rank)
+    x_shape, a_shape = prepare_data(data, rank, cache_dir=run_dir / "data")
     ckpt.seed_all(cfg.seed)  # the same initial weights on every rank
     model = build_encoder(cfg.model, cfg.dim, x_shape, a_shape)
-    if cfg.model.sync_batch_norm and world > 1:
-        model = convert_sync_batch_norm(model)
+    model = use_sync_batch_norm(model, cfg.model.sync_batch_norm, world, device)  # GPU jobs: on by default for ResNets
     engine = build_engine(cfg.engine, cfg.optim, model, device=device, micro_batch_size=micro_batch, grad_accum_steps=accum)
-    stream = ShardStream(data.root, split=data.split, batch_size=cfg.batch_size // world, rank=rank, world_size=world,
-                         num_workers=data.num_workers, seed=cfg.seed, mode=data.mode, image_size=data.image_size,
-                         resampled=data.resampled, max_corrupt=data.max_corrupt)
+    stream = data_setup.build_stream(data, batch_size=cfg.batch_size // world, rank=rank, world_size=world,
+                                     seed=cfg.seed, device=device, cache_dir=run_dir / "data")
     mean, std = (tuple(v) if v else None for v in (data.mean, data.std))
     augment = build_augment(data.augment, image_size=data.view_size, mean=mean, std=std).to(device)
     generator = torch.Generator(device=device)
@@ -129,7 +121,7 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
     if rank0:
         run_dir.mkdir(parents=True, exist_ok=True)
         state["wandb_id"] = stable_run_id(run_dir, state["wandb_id"])
-        write_run_records(run_dir, OmegaConf.to_yaml(cfg, resolve=True), model_info, CONFIG_DIR.parent)
+        write_run_records(run_dir, OmegaConf.to_yaml(cfg, resolve=True), model_info, Path(__file__).resolve().parent)
         metrics = MetricsLog(run_dir, wandb_cfg=cfg.logging.wandb, run_id=state["wandb_id"],
                              config=OmegaConf.to_container(cfg, resolve=True), resume_step=state["step"])
         progress = Progress(cfg.steps, state["step"], enabled=cfg.logging.progress)
@@ -142,7 +134,8 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
             x, a = (batch[k].to(device, non_blocking=True) for k in ("x", "a"))
             first, second = augment.view(x, generator, 0), (augment.view(a, generator, 1) if a.dtype == torch.uint8 else a)
         else:
-            first, second = augment(batch["image"].to(device, non_blocking=True), generator=generator)
+            sizes = batch.get("size")  # data.image_fit=whole: each image's valid region, crops come from all of it
+            first, second = augment(batch["image"].to(device, non_blocking=True), generator=generator, sizes=sizes)
         keep = len(first) - len(first) % keep_multiple  # a batch shortened by dropped corrupt samples
         first, second = first[:keep], second[:keep]
         if cfg.engine.channels_last and first.ndim == 4:
@@ -150,8 +143,27 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
         return list(zip(chunks(first, accum), chunks(second, accum)))
 
     loss_fn, end = make_loss_fn(engine, objective, pairs), min(cfg.steps, cfg.stop_after or cfg.steps)
+    monitor_every = int((cfg.get("monitor") or {}).get("every") or 0)
+    monitor = build_monitor(cfg, device=device, autocast=engine.autocast) if rank0 else None
     throughput, batches = Throughput(), iter(stream)
     saved, pending_save, stop, result = latest or None, False, False, None
+    # Skipped updates since the host last looked: a device counter, read (one synchronisation) only at logging,
+    # checkpoint and stop steps, so an ordinary step never waits for the GPU.
+    unread_skips = torch.zeros((), dtype=torch.int64, device=device)
+
+    def count_skips(step: int) -> None:
+        skips = int(unread_skips.item())
+        if not skips:
+            return
+        unread_skips.zero_()
+        state["skipped_steps"] += skips
+        log.warning("step %d: non-finite loss or gradient, %d update(s) skipped since the last check (%d so far)",
+                    step, skips, state["skipped_steps"])
+        if state["skipped_steps"] > cfg.max_nonfinite_steps:
+            raise NonFiniteError(
+                f"{state['skipped_steps']} steps had a non-finite loss or gradient, more than "
+                f"max_nonfinite_steps={cfg.max_nonfinite_steps}; stopped at step {step}; last good checkpoint: {saved}")
+
     try:
         while state["step"] < end and not stop:
             t0 = time.perf_counter()
@@ -159,26 +171,27 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
             throughput.add(cfg.batch_size, time.perf_counter() - t0)
             lr = lr_at(state["step"], cfg.optim, cfg.steps)
             result = engine.train_step(inputs(batch), loss_fn, lr)
+            unread_skips += ~torch.as_tensor(result.applied, device=device)
             state["step"], state["samples"] = state["step"] + 1, state["samples"] + cfg.batch_size
             step = state["step"]
-            if not result.applied:
-                state["skipped_steps"] += 1
-                log.warning("step %d: non-finite loss or gradient, update skipped (%d so far)", step, state["skipped_steps"])
-                if state["skipped_steps"] > cfg.max_nonfinite_steps:
-                    raise NonFiniteError(
-                        f"{state['skipped_steps']} steps had a non-finite loss or gradient, more than "
-                        f"max_nonfinite_steps={cfg.max_nonfinite_steps}; stopped at step {step}; last good checkpoint: {saved}")
-            if rank0 and (step % cfg.log_every == 0 or step == end):
-                rate, wait = throughput.read()
-                metrics.log(step, {"loss": result.loss, **result.terms, "lr": lr, "grad_norm": result.grad_norm,
-                                   "samples": state["samples"], "samples_per_s": rate, "data_wait": wait,
-                                   "skipped_steps": state["skipped_steps"]})
-                progress.update(step, loss=float(result.loss), samples_per_s=rate, data_wait=wait,
-                                eigenvalues=result.terms.get("eigenvalues"))
             stop = dist.stop_requested()  # a signal on any rank: save now, on all ranks, and leave
             pending_save = pending_save or step % cfg.checkpoint_every == 0
+            monitored = monitor_every > 0 and (step % monitor_every == 0 or step == end)
+            logging_step = step % cfg.log_every == 0 or step == end or monitored
+            applied = True
+            if logging_step or pending_save or stop:  # the same decision on every rank
+                count_skips(step)
+                applied = bool(result.applied)
+            if rank0 and logging_step:
+                rate, wait = throughput.read()
+                knn = monitor(engine.model) if monitored else {}  # kNN accuracy per prefix size (monitor.every)
+                metrics.log(step, {"loss": result.loss, **result.terms, "lr": lr, "grad_norm": result.grad_norm,
+                                   "samples": state["samples"], "samples_per_s": rate, "data_wait": wait,
+                                   "skipped_steps": state["skipped_steps"], **knn})
+                progress.update(step, loss=float(result.loss), samples_per_s=rate, data_wait=wait,
+                                eigenvalues=result.terms.get("eigenvalues"))
             # No periodic checkpoint right after a skipped update (statistics may be NaN); the last one always.
-            if (pending_save and result.applied) or step == end or stop:
+            if (pending_save and applied) or step == end or stop:
                 saved = checkpoints.save(step, state, {"rng": ckpt.rng_state({"augment": generator}), "data": stream.state_dict()})
                 pending_save = False
         final_weights = engine.model_state_dict() if state["step"] == cfg.steps else None  # a collective for ZeRO-3
@@ -192,20 +205,43 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
             "checkpoint": str(saved) if saved else None, "skipped_steps": state["skipped_steps"], "stopped_on_signal": stop}
 
 
-@hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    from launch import launch
+def _job_world_size(cfg: DictConfig) -> int:
+    """Ranks of the job `cfg` starts: the Slurm allocation's, or this process's (torchrun, srun, one)."""
+    if cfg.launcher.name == "slurm":  # checked on the login node, before anything is submitted
+        from eigtrain.launch.slurm import world_size
 
+        return world_size(cfg.launcher)
+    return dist.resolve_env().world_size
+
+
+def _check_point(overrides: list[str], config_name: str | None) -> None:
+    cfg = compose_config(overrides, config_name or "train")
+    validate(cfg, world_size=_job_world_size(cfg))
+
+
+@hydra.main(config_path=f"pkg://{CONFIG_PACKAGE}", config_name="train", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from eigtrain.launch import launch
+
+    # Hydra's output directory for this job: run_dir, or run_dir/<the point's overrides> in a multirun.
+    # Made concrete here, so a job submitted to Slurm (and requeued) keeps it.
+    cfg.run_dir = HydraConfig.get().runtime.output_dir
     try:
-        if cfg.launcher.name == "slurm":  # check on the login node, before anything is submitted
-            tasks = cfg.launcher.tasks_per_node or max(1, cfg.launcher.gpus_per_node)
-            validate(cfg, world_size=cfg.launcher.nodes * tasks)
+        validate(cfg, world_size=_job_world_size(cfg))
         launch(cfg.launcher, run, cfg)
     except ConfigError as exn:
         raise SystemExit(f"eigtrain-train: config error: {exn}") from None
 
 
 def main() -> None:
+    from eigtrain.cli import check_hydra_command_line
+
+    try:  # before Hydra runs: a config error is one line naming the key, not a traceback
+        check_hydra_command_line(sys.argv[1:], _check_point)
+    except (ConfigError, ValueError) as exn:
+        raise SystemExit(f"eigtrain-train: config error: {exn}") from None
     _hydra_main()
 
 

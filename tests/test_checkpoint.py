@@ -116,3 +116,19 @@ def test_dcp_loading_refuses_pickled_objects(tmp_path):
     target = {"w": torch.zeros(2), "extra": None}
     with pytest.raises(CheckpointException, match="Unsupported global: GLOBAL fractions.Fraction"):
         dcp.load(target, checkpoint_id=str(tmp_path), planner=WeightsOnlyLoadPlanner(), no_dist=True)
+
+
+def test_cuda_rng_state_is_this_process_gpu_only(monkeypatch):
+    """Saved per device and restored onto this process's GPU, whatever the number of GPUs after a requeue."""
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # one GPU per task: always device 0
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: torch.tensor([device, 7], dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((state.tolist(), device)))
+    state = ckpt.rng_state()
+    assert state["cuda"].tolist() == [0, 7]
+    ckpt.set_rng_state(state)
+    # A checkpoint of the older format (all 8 GPUs of a node) resumed with one GPU per task: this task's own.
+    ckpt.set_rng_state({**state, "cuda": [torch.tensor([i, 7], dtype=torch.uint8) for i in range(8)]})
+    assert restored == [([0, 7], 0), ([0, 7], 0)]

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch import nn
 
 from eigtrain.models import Encoder, PairEncoder, build_backbone, build_encoder
 
@@ -63,3 +64,24 @@ def test_unknown_backbone_and_wrong_input_kind_are_clear_errors():
         build_backbone("resnet7", (3, 32, 32))
     with pytest.raises(ValueError, match="needs image inputs"):
         build_backbone("resnet18", (10,))
+
+
+def test_resnet_runs_use_sync_batch_norm_on_several_gpus_unless_switched_off(caplog):
+    from eigtrain.models import use_sync_batch_norm
+    from eigtrain.train import compose_config
+
+    def kinds(model):
+        return (sum(isinstance(m, nn.SyncBatchNorm) for m in model.modules()),
+                sum(type(m) in (nn.BatchNorm1d, nn.BatchNorm2d) for m in model.modules()))
+
+    on = compose_config(["model=resnet18"]).model
+    off = compose_config(["model=resnet18", "model.sync_batch_norm=false"]).model
+    assert on.sync_batch_norm and not off.sync_batch_norm
+    gpu = torch.device("cuda", 0)  # only converted, never run
+    synced, plain = kinds(use_sync_batch_norm(build_encoder(on, 8, (3, 32, 32)), on.sync_batch_norm, 2, gpu))
+    assert synced > 20 and plain == 0  # every BatchNorm of the backbone and the projector
+    for enabled, world, device in ((on.sync_batch_norm, 1, gpu), (off.sync_batch_norm, 2, gpu)):
+        assert kinds(use_sync_batch_norm(build_encoder(on, 8, (3, 32, 32)), enabled, world, device))[0] == 0
+    # PyTorch's SyncBatchNorm is GPU-only: CPU jobs keep BatchNorm and say so.
+    assert kinds(use_sync_batch_norm(build_encoder(on, 8, (3, 32, 32)), True, 2, torch.device("cpu")))[0] == 0
+    assert "SyncBatchNorm needs GPUs" in caplog.text

@@ -1,7 +1,7 @@
 """Trainer step benchmarks on CPU with the tiny encoder (experiment=cpu_debug); prints JSON.
 
 1. overhead: the trainer's full step (engine.train_step: encoder on both views, objective in fp32,
-   finiteness vote, gradient norm + clipping, learning rate, optimizer step) against a bare step
+   gradient norm + clipping, device-side finiteness flag, learning rate, guarded optimizer step) against a bare step
    (same encoder on the same views, mean-square loss, backward, SGD step). Measured interleaved, median
    of --repeats; goal: ratio <= 1.10. The on-device augmentation is reported separately (data pipeline).
 2. communication share with 2 gloo ranks: the step with DDP and the global-batch objective, against the
@@ -112,7 +112,7 @@ def _comm_worker(rank: int, port: int, batch: int, repeats: int, objective_name:
     without_comm = make_loss_fn(engine, local_objective, pairs=False)
     local_opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    def comm():  # the trainer's step: DDP gradient all-reduce + moment all-reduce + finiteness vote
+    def comm():  # the trainer's step: DDP gradient all-reduce + moment all-reduce (no finiteness vote: not needed)
         engine.train_step([views], with_comm, lr=0.01)
 
     def no_comm():  # the same arithmetic on the plain module, nothing leaves the process

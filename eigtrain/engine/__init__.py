@@ -2,7 +2,8 @@
 
 An engine owns the model (``engine.model``, the plain module), the optimizer and the parallel wrapper
 (``engine.train_module``), and offers:
-  ``train_step(micro_batches, loss_fn, lr) -> StepResult``  (non-finite loss/grad: update skipped)
+  ``train_step(micro_batches, loss_fn, lr) -> StepResult``  (loss_fn: a ``LossFn``, encode + objective; the
+      accumulated gradient is exact for the global batch; non-finite loss/grad: update skipped, decided on the device)
   ``autocast()``  the encoder's mixed-precision context (the objective stays in fp32)
   ``save(step_dir, client_state)`` / ``load(step_dir)``  sharded model + optimizer state
   ``model_state_dict()``  the full weights for export
@@ -16,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from eigtrain.engine.base import PRECISIONS, StepResult, chunks
+from eigtrain.engine.base import PRECISIONS, LossFn, StepResult, chunks
 from eigtrain.engine.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_at
 
 ENGINES = ("ddp", "deepspeed")
@@ -52,4 +53,4 @@ def build_engine(
     raise ValueError(f"engine.name={cfg['name']!r} is not known; allowed: {', '.join(ENGINES)}")
 
 
-__all__ = ["ENGINES", "OPTIMIZERS", "PRECISIONS", "SCHEDULES", "StepResult", "build_engine", "build_optimizer", "chunks", "lr_at"]
+__all__ = ["ENGINES", "OPTIMIZERS", "PRECISIONS", "SCHEDULES", "LossFn", "StepResult", "build_engine", "build_optimizer", "chunks", "lr_at"]

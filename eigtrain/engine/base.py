@@ -1,4 +1,19 @@
-"""What both engines share: the step result, mixed precision policy, and the cross-rank finiteness vote."""
+"""What both engines share: the step result, mixed precision, the exact accumulated backward, the guarded update.
+
+Gradient accumulation is exact for every objective (the global-batch estimate the README promises), by
+gradient caching: the objective is a function of the embeddings of the whole per-rank batch (and, through its
+all-reduce, of the global batch), so
+  1. encode every micro-batch without a graph (BatchNorm running statistics restored afterwards),
+  2. evaluate the objective once on the concatenated embeddings and back-propagate to them: dL/dz,
+  3. encode each micro-batch again with a graph and back-propagate dL/dz_i through the encoder.
+The summed parameter gradients equal the gradient of the objective on the whole batch, whatever the objective
+(moments, normalization, centering, even/odd split halves, per-sample terms). The cost is one extra forward
+pass without a graph; the memory is that of one micro-batch plus the (batch x d) embeddings.
+(Train-mode BatchNorm still normalizes each micro-batch by its own statistics, as with any accumulation.)
+
+Nothing here reads a tensor back to the host: the non-finite check is a device flag that makes the optimizer
+update a no-op (`guarded_step`), so a step costs no host synchronisation.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +22,37 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
-import torch.distributed as dist
 from torch import nn
+
+from eigtrain.objectives.moments import set_matmul_tf32
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
-# loss_fn(model, micro_batch) -> (scalar loss, dict of detached terms). The model it gets is the
-# engine's wrapped module (DDP / DeepSpeed / compiled), so gradients are synchronized correctly.
-LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+Encode = Callable[[nn.Module, Any], tuple[torch.Tensor, torch.Tensor]]
+Objective = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass
+class LossFn:
+    """encode(module, micro_batch) -> (z1, z2) (the encoder, under autocast); objective(z1, z2) -> (loss, terms)
+    in fp32. The module it gets is the engine's wrapped one (DDP / DeepSpeed / compiled)."""
+
+    encode: Encode
+    objective: Objective
+
+    def __call__(self, module: nn.Module, micro_batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        z1, z2 = self.encode(module, micro_batch)
+        return self.objective(z1.float(), z2.float())
 
 
 @dataclass
 class StepResult:
-    loss: torch.Tensor  # mean loss over the micro-batches (detached, 0-d)
+    loss: torch.Tensor  # the objective on the whole (global) batch (detached, 0-d, on the device)
     terms: dict[str, torch.Tensor] = field(default_factory=dict)
-    grad_norm: float = float("nan")  # before clipping
-    applied: bool = True  # False when a non-finite loss or gradient made the engine skip the update
+    grad_norm: torch.Tensor | float = float("nan")  # before clipping (a device tensor: read it at logging steps)
+    # False when a non-finite loss or gradient made the engine skip the update: a 0-d bool device tensor, so that
+    # the trainer reads it only when it has to (logging and checkpoint steps), not once per step.
+    applied: torch.Tensor | bool = True
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
@@ -40,33 +70,94 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def all_ranks_true(flag: bool, device: torch.device) -> bool:
-    """True only if ``flag`` is true on every rank, so all ranks take the same skip decision."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
+def enable_cuda_fast_paths() -> None:
+    """TF32 tensor cores for fp32 convolutions and matmuls, and cuDNN autotuning (fixed input shapes).
+
+    The objective keeps full fp32 matmuls in its forward pass (`eigtrain.objectives.moments.full_fp32_matmul`),
+    so losses and the logged eigenvalue estimates are not TF32-rounded."""
+    set_matmul_tf32(True)
+    if hasattr(torch.backends.cudnn, "conv") and hasattr(torch.backends.cudnn.conv, "fp32_precision"):
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+    else:  # torch < 2.9
+        torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
 
 
-class TermAverager:
-    """Mean of loss terms over the micro-batches of one optimizer step."""
+# -- the accumulated backward --------------------------------------------------------------------------------
+@contextlib.contextmanager
+def buffers_restored(model: nn.Module):
+    """Undo in-place buffer updates (BatchNorm running statistics) made inside the block."""
+    buffers = [b for b in model.buffers() if b is not None]
+    saved = [b.detach().clone() for b in buffers]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, s in zip(buffers, saved):
+                b.copy_(s)
 
-    def __init__(self) -> None:
-        self.count = 0
-        self.loss = torch.zeros(())
-        self.terms: dict[str, torch.Tensor] = {}
 
-    def add(self, loss: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
-        self.count += 1
-        self.loss = self.loss.to(loss.device) + loss.detach().float()
-        for k, v in terms.items():
-            v = v.detach().float()
-            self.terms[k] = self.terms[k] + v if k in self.terms else v
+def accumulated_backward(
+    module: nn.Module,
+    model: nn.Module,
+    micro_batches: list[Any],
+    loss_fn: LossFn,
+    backward: Callable[[torch.Tensor, int], None],
+    sync_context: Callable[[int], contextlib.AbstractContextManager] = lambda i: contextlib.nullcontext(),
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Forward/backward over the micro-batches; returns the (detached) global-batch loss and terms.
 
-    def mean(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        n = max(1, self.count)
-        return self.loss / n, {k: v / n for k, v in self.terms.items()}
+    module: what to call (wrapped); model: the plain module (its buffers); backward(tensor, i): the engine's
+    backward of micro-batch i's scalar; sync_context(i): e.g. DDP's no_sync for all but the last micro-batch.
+    One micro-batch: the plain forward + backward. Several: gradient caching (module docstring).
+    """
+    if len(micro_batches) == 1:
+        with sync_context(0):
+            loss, terms = loss_fn(module, micro_batches[0])
+            backward(loss, 0)
+        return loss.detach(), {k: v.detach() for k, v in terms.items()}
+
+    if not isinstance(loss_fn, LossFn):
+        raise TypeError("gradient accumulation needs a LossFn (encode + objective), not a plain loss function")
+    with torch.no_grad(), buffers_restored(model):
+        embedded = [loss_fn.encode(module, mb) for mb in micro_batches]
+    z1, z2 = (torch.cat([z[side] for z in embedded]).float().requires_grad_() for side in (0, 1))
+    sizes = [len(z[0]) for z in embedded]
+    del embedded
+    loss, terms = loss_fn.objective(z1, z2)
+    dz1, dz2 = torch.autograd.grad(loss, (z1, z2), allow_unused=True)
+    dz1, dz2 = (torch.zeros_like(z) if d is None else d for d, z in ((dz1, z1), (dz2, z2)))
+    # A non-finite loss must never be applied even if its gradient happens to be finite.
+    poison = torch.where(torch.isfinite(loss.detach()), 1.0, float("nan"))
+    for i, (mb, g1, g2) in enumerate(zip(micro_batches, dz1.split(sizes), dz2.split(sizes))):
+        with sync_context(i):
+            a, b = loss_fn.encode(module, mb)
+            surrogate = ((a.float() * g1).sum() + (b.float() * g2).sum()) * poison
+            backward(surrogate, i)
+    return loss.detach(), {k: v.detach() for k, v in terms.items()}
+
+
+# -- the guarded update --------------------------------------------------------------------------------------
+def guarded_step(optimizer: torch.optim.Optimizer, ok: torch.Tensor) -> None:
+    """``optimizer.step()`` that changes nothing (parameters, optimizer state) where ``ok`` is False, decided on
+    the device: no host synchronisation. Costs one copy of the parameters and optimizer state per step.
+
+    State created by this step (first step: momentum buffers, Adam moments) is reset to zeros, which for SGD,
+    LARS and AdamW is exactly the state before the first update."""
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    before = {id(p): {k: v.detach().clone() for k, v in optimizer.state.get(p, {}).items() if torch.is_tensor(v)}
+              for p in params}
+    old_params = [p.detach().clone() for p in params]
+    optimizer.step()
+    with torch.no_grad():
+        for p, old in zip(params, old_params):
+            p.copy_(torch.where(ok, p, old))
+        for p in params:
+            state, saved = optimizer.state.get(p, {}), before[id(p)]
+            for k, v in state.items():
+                if torch.is_tensor(v):
+                    prev = saved.get(k, torch.zeros_like(v))
+                    v.copy_(torch.where(ok.to(v.device), v, prev))  # same device: no copy
 
 
 def chunks(batch: Any, n: int) -> Iterator[Any]:

@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
-from eigtrain.engine.base import LossFn, StepResult, TermAverager, all_ranks_true, autocast, resolve_precision
+from eigtrain.engine.base import LossFn, StepResult, accumulated_backward, autocast, guarded_step, resolve_precision
 from eigtrain.engine.optim import build_optimizer, set_lr
 
 
@@ -62,7 +62,7 @@ class DDPEngine:
         if channels_last:
             model.to(memory_format=torch.channels_last)
         self.model = model  # the plain module: state dicts, export
-        self.optimizer = build_optimizer(model, optim_cfg)
+        self.optimizer = build_optimizer(model, optim_cfg, device_type=device.type)
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         wrapped: nn.Module = model
         if distributed:
@@ -74,29 +74,28 @@ class DDPEngine:
         return autocast(self.device, self.autocast_dtype)
 
     def train_step(self, micro_batches: list[Any], loss_fn: LossFn, lr: float) -> StepResult:
-        """Forward/backward over the micro-batches, then one optimizer step unless the loss or the
-        gradient is non-finite on any rank (then the update is skipped and gradients dropped)."""
+        """Forward/backward over the micro-batches (exact global-batch objective, see `accumulated_backward`),
+        then one optimizer step unless the loss or the gradient is non-finite (then the update is a no-op).
+        No host synchronisation: the skip decision stays on the device (`StepResult.applied`)."""
         self.model.train()
-        acc = TermAverager()
-        n = len(micro_batches)
-        for i, mb in enumerate(micro_batches):
+
+        def sync_context(i: int) -> contextlib.AbstractContextManager:
             # Gradients are all-reduced only on the last micro-batch.
-            sync = self._ddp.no_sync() if (self._ddp is not None and i < n - 1) else contextlib.nullcontext()
-            with sync:
-                loss, terms = loss_fn(self.train_module, mb)
-                (loss / n).backward()
-            acc.add(loss, terms)
-        loss, terms = acc.mean()
+            last = i == len(micro_batches) - 1
+            return self._ddp.no_sync() if (self._ddp is not None and not last) else contextlib.nullcontext()
+
+        loss, terms = accumulated_backward(self.train_module, self.model, micro_batches, loss_fn,
+                                           backward=lambda t, i: t.backward(), sync_context=sync_context)
         params = [p for p in self.model.parameters() if p.grad is not None]
-        # DDP already averaged the gradients, so this norm (and the decision below) is the same on all ranks.
         max_norm = self.grad_clip if self.grad_clip else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-        finite = all_ranks_true(bool(torch.isfinite(loss) & torch.isfinite(grad_norm)), self.device)
-        if finite:
-            set_lr(self.optimizer, lr)
-            self.optimizer.step()
+        # The loss is the global-batch objective and DDP averaged the gradients, so this flag is the same on every
+        # rank without a vote (a NaN on one rank reaches every rank through the all-reduces).
+        ok = torch.isfinite(loss) & torch.isfinite(grad_norm)
+        set_lr(self.optimizer, lr)
+        guarded_step(self.optimizer, ok)
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss=loss, terms=terms, grad_norm=float(grad_norm), applied=finite)
+        return StepResult(loss=loss, terms=terms, grad_norm=grad_norm.detach(), applied=ok)
 
     # -- checkpoints: every rank writes its shard of model + optimizer into step_dir
     def _state(self) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from eigtrain.engine.base import LossFn, StepResult, TermAverager, autocast, resolve_precision
+from eigtrain.engine.base import LossFn, StepResult, accumulated_backward, autocast, resolve_precision
 from eigtrain.engine.optim import build_optimizer, set_lr
 
 ZERO_STAGES = (1, 2, 3)
@@ -88,26 +88,27 @@ class DeepSpeedEngine:
         return autocast(self.device, self.autocast_dtype)
 
     def train_step(self, micro_batches: list[Any], loss_fn: LossFn, lr: float) -> StepResult:
-        """DeepSpeed scales, reduces, clips and applies; its ZeRO optimizer checks the gradients for
-        inf/NaN on all ranks before the update and skips it (counted in ``skipped_steps``)."""
+        """DeepSpeed reduces, clips and applies; its ZeRO optimizer checks the gradients for inf/NaN on all
+        ranks before the update and skips it (counted in ``skipped_steps``; that check is DeepSpeed's own host
+        synchronisation). The accumulated gradient is exact for the global batch (`accumulated_backward`)."""
         self.ds.train()
-        acc = TermAverager()
-        skipped_before = self.ds.skipped_steps
-        for i, mb in enumerate(micro_batches):
-            loss, terms = loss_fn(self.ds, mb)
-            acc.add(loss, terms)
+        skipped_before, last = self.ds.skipped_steps, len(micro_batches) - 1
+
+        def backward(t: torch.Tensor, i: int) -> None:
             # A non-finite loss must never be applied, even if its gradient happened to be finite: a
             # constant factor (exactly 1, or NaN) makes every gradient NaN so the overflow check fires.
-            loss = loss * torch.where(torch.isfinite(loss.detach()), 1.0, float("nan"))
-            self.ds.backward(loss)
-            if i == len(micro_batches) - 1:
+            t = t * torch.where(torch.isfinite(t.detach()), 1.0, float("nan"))
+            # Each micro-batch's part is already its exact share of the batch gradient: no 1/accumulation.
+            self.ds.backward(t, scale_wrt_gas=False)
+            if i == last:
                 set_lr(self.optimizer, lr)
             self.ds.step()  # an update only at the accumulation boundary
-        loss, terms = acc.mean()
+
+        loss, terms = accumulated_backward(self.ds, self.model, micro_batches, loss_fn, backward=backward)
         applied = self.ds.skipped_steps == skipped_before
         grad_norm = self.ds.get_global_grad_norm()
-        grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
-        return StepResult(loss=loss, terms=terms, grad_norm=grad_norm, applied=applied)
+        return StepResult(loss=loss, terms=terms, grad_norm=float("nan") if grad_norm is None else grad_norm,
+                          applied=torch.tensor(applied, device=loss.device))
 
     def save(self, step_dir: Path, client_state: Mapping[str, Any]) -> None:
         # Every rank writes its ZeRO partition; no "latest" file (eigtrain.checkpoint does discovery).

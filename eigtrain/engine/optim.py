@@ -22,8 +22,11 @@ def _param_groups(model: nn.Module, weight_decay: float, exclude_bias_and_norm: 
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, cfg: Mapping[str, Any]) -> torch.optim.Optimizer:
-    """Optimizer from the ``optim`` config group. The learning rate is set every step from ``lr_at``."""
+def build_optimizer(model: nn.Module, cfg: Mapping[str, Any], device_type: str = "cpu") -> torch.optim.Optimizer:
+    """Optimizer from the ``optim`` config group. The learning rate is set every step from ``lr_at``.
+
+    On CUDA AdamW is the fused kernel, which also keeps its step count on the GPU (so the guarded update never
+    reads it back to the host)."""
     name = cfg["name"]
     groups = _param_groups(model, cfg["weight_decay"], cfg.get("exclude_bias_and_norm", False))
     if name == "sgd":
@@ -34,7 +37,8 @@ def build_optimizer(model: nn.Module, cfg: Mapping[str, Any]) -> torch.optim.Opt
         # timm's LARS adapts only parameters with weight decay, so excluded groups get plain SGD.
         return Lars(groups, lr=cfg["lr"], momentum=cfg.get("momentum", 0.9), trust_coeff=cfg.get("trust_coeff", 0.001))
     if name == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg["lr"], betas=tuple(cfg.get("betas", (0.9, 0.999))), eps=cfg.get("eps", 1e-8))
+        return torch.optim.AdamW(groups, lr=cfg["lr"], betas=tuple(cfg.get("betas", (0.9, 0.999))), eps=cfg.get("eps", 1e-8),
+                                 fused=True if device_type == "cuda" else None)
     raise ValueError(f"optim.name={name!r} is not known; allowed: {', '.join(OPTIMIZERS)}")
 
 

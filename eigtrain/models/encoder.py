@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from eigtrain.models.backbones import build_backbone
+
+log = logging.getLogger(__name__)
 
 
 class Projector(nn.Sequential):
@@ -85,3 +88,17 @@ def build_encoder(
 def convert_sync_batch_norm(model: nn.Module) -> nn.Module:
     """BatchNorm statistics over the global batch (multi-GPU runs with small per-rank batches)."""
     return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
+def use_sync_batch_norm(model: nn.Module, enabled: bool, world_size: int, device: torch.device) -> nn.Module:
+    """``model`` with SyncBatchNorm when ``model.sync_batch_norm`` is on and the job has several GPU ranks.
+
+    PyTorch's SyncBatchNorm runs on GPUs only: CPU (gloo) jobs keep per-process BatchNorm, with a warning."""
+    if not enabled or world_size == 1:
+        return model
+    if device.type != "cuda":
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            log.warning("model.sync_batch_norm=true but the ranks run on %s: SyncBatchNorm needs GPUs, so each "
+                        "process normalizes with its own batch statistics", device.type)
+        return model
+    return convert_sync_batch_norm(model)

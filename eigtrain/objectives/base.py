@@ -7,7 +7,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .moments import all_reduce_sum
+from .moments import all_reduce_sum, full_fp32_matmul
 from .nesting import Nesting
 
 
@@ -53,7 +53,7 @@ class Objective(nn.Module):
     def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         self.check_inputs(z1, z2)
         dtype = torch.float64 if z1.dtype == torch.float64 else torch.float32
-        with torch.autocast(device_type=z1.device.type, enabled=False):
+        with torch.autocast(device_type=z1.device.type, enabled=False), full_fp32_matmul(z1.device.type):
             return self._loss(z1.to(dtype), z2.to(dtype))
 
     def check_inputs(self, z1: torch.Tensor, z2: torch.Tensor) -> None:

@@ -9,6 +9,7 @@ gradients over W ranks the result equals the single-process gradient on the conc
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -61,3 +62,29 @@ def split_even_odd(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     With even local batch sizes this is the same split of the global batch for any number of ranks.
     """
     return z[0::2], z[1::2]
+
+
+def set_matmul_tf32(enabled: bool) -> bool:
+    """Allow TF32 for fp32 CUDA matmuls or not; returns the previous setting."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9 (mixing with the legacy flag is an error there)
+        previous = matmul.fp32_precision == "tf32"
+        matmul.fp32_precision = "tf32" if enabled else "ieee"
+        return previous
+    previous = matmul.allow_tf32
+    matmul.allow_tf32 = enabled
+    return previous
+
+
+@contextlib.contextmanager
+def full_fp32_matmul(device_type: str):
+    """IEEE fp32 matmuls inside the block on CUDA, even where the trainer enabled TF32 for the encoder:
+    moment matrices are sums over the batch and lose digits quickly at TF32's 10-bit mantissa."""
+    if device_type != "cuda":
+        yield
+        return
+    previous = set_matmul_tf32(False)
+    try:
+        yield
+    finally:
+        set_matmul_tf32(previous)
