@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from .checkpoint import EXPORT_NAME, latest_checkpoint, load_encoder
 from .data import ShardStream, build_augment, read_index
 from .data.augment import NORMALIZATION
-from .export import file_sha256
+from .export import file_sha256, files_sha256
 from .rayleigh_ritz import RRAccumulator
 
 
@@ -49,12 +49,7 @@ def open_run(run_dir: str | None = None, checkpoint: str | None = None, device: 
 
 def weights_sha256(path: Path) -> str:
     """Hash of a weights file, or of every file of a checkpoint directory (names and content hashes)."""
-    if path.is_file():
-        return file_sha256(path)
-    digest = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(f"{f.relative_to(path)}:{file_sha256(f)}\n".encode())
-    return digest.hexdigest()
+    return file_sha256(path) if path.is_file() else files_sha256(path)
 
 
 def normalization(data: DictConfig) -> dict:
@@ -72,6 +67,34 @@ def _stream(run: TrainedRun, split: str, batch_size: int, num_workers: int, rank
                        one_pass=True, max_corrupt=data.max_corrupt)
 
 
+def batch_generator(keys: list[str], seed: int, device) -> torch.Generator:
+    """The augmentation RNG of one batch, a function of (seed, the batch's sample keys) only: the same views
+    on any number of ranks as long as the batches hold the same samples (same shards, batch size and
+    ranks x workers), whatever order the batches arrive in."""
+    text = "\n".join([str(seed), *keys])
+    digest = hashlib.sha256(text.encode()).digest()
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def autocast(device) -> torch.autocast:
+    """bf16 autocast for the encoder on GPU; off on CPU (float32, and exact across runs)."""
+    kind = torch.device(device).type
+    return torch.autocast(kind, dtype=torch.bfloat16, enabled=kind == "cuda")
+
+
+@torch.no_grad()
+def reduce_views(encode, stream: ShardStream, augment, acc: RRAccumulator, device, seed: int = 0) -> RRAccumulator:
+    """Accumulate (encode(view 1), encode(view 2)) over every batch of a one-pass stream, float64."""
+    for batch in stream:
+        sizes = batch.get("size")  # valid image sizes of a padded batch (image_fit="whole")
+        v1, v2 = augment(batch["image"].to(device, non_blocking=True), generator=batch_generator(batch["key"], seed, device),
+                         sizes=sizes)
+        with autocast(device):
+            z = encode(torch.cat([v1, v2]))
+        acc.update(*z.float().chunk(2))
+    return acc
+
+
 @torch.no_grad()
 def reduce_pairs(run: TrainedRun, split: str, batch_size: int, num_workers: int, rank: int, world: int,
                  device: str = "cpu", seed: int = 0) -> tuple[RRAccumulator, int]:
@@ -79,19 +102,17 @@ def reduce_pairs(run: TrainedRun, split: str, batch_size: int, num_workers: int,
     data = run.cfg.data
     stream = _stream(run, split, batch_size, num_workers, rank, world)
     augment = build_augment(data.augment, image_size=data.view_size, **normalization(data)).to(device)
-    generator = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
-    dim = run.cfg.dim
-    acc = RRAccumulator(dim, pairs=run.pairs, device=device)
+    acc = RRAccumulator(run.cfg.dim, pairs=run.pairs, device=device)
+    if not run.pairs:
+        return reduce_views(run.encoder, stream, augment, acc, device, seed), read_index(data.root).num_samples(split)
     for batch in stream:
-        if run.pairs:
-            x = augment.view(batch["x"].to(device), generator, 0)
-            a = batch["a"].to(device)
-            a = augment.view(a, generator, 1) if a.dtype == torch.uint8 else a
-            acc.update(*run.encoder(x, a))
-        else:
-            v1, v2 = augment(batch["image"].to(device), generator=generator)
-            z = run.encoder(torch.cat([v1, v2]))
-            acc.update(*z.chunk(2))
+        generator = batch_generator(batch["key"], seed, device)
+        x = augment.view(batch["x"].to(device), generator, 0)
+        a = batch["a"].to(device)
+        a = augment.view(a, generator, 1) if a.dtype == torch.uint8 else a
+        with autocast(device):
+            z1, z2 = run.encoder(x, a)
+        acc.update(z1.float(), z2.float())
     return acc, read_index(data.root).num_samples(split)
 
 
@@ -112,15 +133,62 @@ def embed_split(run: TrainedRun, split: str, batch_size: int = 512, num_workers:
     return torch.cat(zs)[order], torch.cat(labels)[order]
 
 
-def reduce_encoder(cfg, env, pairs: bool):
+def reduce_encoder(cfg, env, pairs: bool, device):
     """The eigtrain-rr path for a run directory or checkpoint (see eigtrain.rr_job)."""
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    if device == "cuda":
-        device = f"cuda:{env.local_rank}"
     run = open_run(cfg.run_dir, cfg.checkpoint, device)
     if run.pairs != pairs:
         raise ValueError(f"mode={cfg.mode!r} does not fit this run: use mode=svd for a pairs run (two encoders), another mode for views")
-    acc, expected = reduce_pairs(run, cfg.split, cfg.batch_size, cfg.num_workers, env.rank, env.world_size, device)
+    acc, expected = reduce_pairs(run, cfg.split, cfg.batch_size, cfg.num_workers, env.rank, env.world_size, device, cfg.seed)
     source = {"kind": "checkpoint", "run_dir": str(run.run_dir.resolve()), "path": str(Path(run.weights).resolve()),
               "sha256": weights_sha256(Path(run.weights))}
     return acc, expected, source, run.run_dir / "rr"
+
+
+def reduce_external(cfg, env, device):
+    """The eigtrain-rr path for any model (encoder=timm:NAME | module:pkg.mod:factory) over image shards: two
+    views per image from the augmentation preset data.augment, one pass (see eigtrain.rr_job)."""
+    from .external_encoder import build_external_encoder, check_embedding, embedding_dim
+
+    data, spec = cfg.data, cfg.encoder.name
+    stream, expected, meta = _external_stream(cfg, env)
+    channels = int(meta.get("channels", 3))
+    view_size = data.view_size or data.image_size or tuple(meta.get("image_shape", (0, 0, 0))[1:]) or None
+    if not view_size:
+        raise ValueError("data.image_size is needed: these shards do not state their image size")
+    view_size = (view_size, view_size) if isinstance(view_size, int) else tuple(view_size)
+    model = build_external_encoder(spec, cfg.encoder.checkpoint, dict(cfg.encoder.kwargs), in_chans=channels,
+                                   seed=cfg.seed).to(device)
+    dim = embedding_dim(model, spec, (channels, *view_size), device)  # fails on a bad output before any data is read
+    mean, std = NORMALIZATION[data.augment]
+    augment = build_augment(data.augment, image_size=view_size, mean=tuple(data.mean or mean), std=tuple(data.std or std)).to(device)
+    encode = lambda x: check_embedding(model(x), spec, len(x))  # noqa: E731
+    acc = reduce_views(encode, stream, augment, RRAccumulator(dim, device=device), device, cfg.seed)
+    weights = cfg.encoder.checkpoint
+    source = {"kind": "encoder", "encoder": spec, "kwargs": dict(cfg.encoder.kwargs),
+              "checkpoint": str(Path(weights).resolve()) if weights else None, "init_seed": None if weights else cfg.seed,
+              "sha256": file_sha256(weights) if weights and env.rank == 0 else None,
+              "data": {k: _plain(getattr(data, k)) for k in ("root", "shards", "augment", "image_size", "image_fit",
+                                                             "view_size", "mean", "std")}}
+    return acc, expected, source
+
+
+def _plain(value):
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _external_stream(cfg, env) -> tuple[ShardStream, int, dict]:
+    """One-pass stream over data.root (eigtrain shards; count from the index) or data.shards (any webdataset
+    shards; counts from a shard index or one scan, see eigtrain.data.shards): (stream, samples, meta)."""
+    data = cfg.data
+    common = dict(batch_size=cfg.batch_size, rank=env.rank, world_size=env.world_size, seed=cfg.seed, mode="views",
+                  image_size=data.image_size, one_pass=True, max_corrupt=data.max_corrupt)
+    if data.root:
+        index = read_index(data.root)
+        workers = min(cfg.num_workers, len(index.shards(cfg.split)) // env.world_size)
+        stream = ShardStream(data.root, split=cfg.split, num_workers=workers, image_fit=data.image_fit, **common)
+        return stream, index.num_samples(cfg.split), index.meta
+    shards = list(data.shards) if isinstance(data.shards, (list, tuple)) else data.shards
+    stream = ShardStream(shards=shards, split=cfg.split, num_workers=cfg.num_workers, image_key=data.image_key,
+                         label_key=data.label_key, image_fit=data.image_fit, cache_dir=data.cache_dir,
+                         shard_index=data.shard_index, **common)
+    return stream, stream.num_samples, {"channels": 3}

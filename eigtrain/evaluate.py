@@ -5,7 +5,11 @@ At each dimension k in {4, 8, ..., d}, a linear probe on frozen features for:
   JN  the first k coordinates of a joint-nesting encoder,
   FF  separately trained k-dimensional encoders (when given),
   RS  k random coordinates of the full embedding, averaged over many draws (trained in parallel),
-plus an ordering check (RR top-k vs bottom-k) and kNN accuracy.
+  PCA the first k principal components of the same full embedding (the unsupervised baseline),
+plus an ordering check (RR top-k vs bottom-k) and kNN accuracy. At every k also: retrieval (1-NN accuracy
+against the training split, recall@{1,10} within the validation split; eigtrain.retrieval), bytes per
+vector (fp32/fp16/int8), measured exact-search time per query, and the smallest k within 1 and 5 points of
+each method's accuracy at full dimension.
 
 Probe: the paper's protocol is a linear classifier trained 50 epochs with SGD (lr 0.1, momentum 0.9,
 weight decay 1e-4, cosine schedule) on frozen, here standardized, features. `probe="closed_form"` is a
@@ -24,6 +28,8 @@ from typing import Mapping
 
 import torch
 
+from . import retrieval
+from .dist import resolve_env, select_device
 from .objectives.nesting import mrl_prefixes
 
 F32 = torch.float32
@@ -89,6 +95,41 @@ def probe_accuracy(
     return acc
 
 
+def _row_blocks(x: torch.Tensor, block: int = 65536):
+    """float64 copies of `block` rows at a time (never the whole matrix in float64)."""
+    for s in range(0, len(x), block):
+        yield x[s : s + block].to(torch.float64)
+
+
+def fit_pca(train: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean, components (d, d) as columns, variances), components by decreasing variance, from the float64
+    covariance; each component's largest-magnitude entry is positive (deterministic signs)."""
+    n, d = train.shape
+    mean = sum(b.sum(0) for b in _row_blocks(train)) / n
+    scatter = torch.zeros(d, d, dtype=torch.float64)
+    for b in _row_blocks(train):
+        scatter += (b - mean).T @ (b - mean)
+    variances, components = torch.linalg.eigh(scatter / max(n - 1, 1))
+    variances, components = variances.flip(0), components.flip(1)
+    signs = torch.sign(components.gather(0, components.abs().argmax(0, keepdim=True)))
+    return mean, components * torch.where(signs == 0, 1.0, signs), variances
+
+
+def pca_features(train: torch.Tensor, test: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both splits projected on the training embedding's principal components (float32)."""
+    mean, components, _ = fit_pca(train)
+    project = lambda x: torch.cat([((b - mean) @ components).float() for b in _row_blocks(x)])  # noqa: E731
+    return project(train), project(test)
+
+
+def smallest_k_within(row: Mapping[int, float], points: float) -> int | None:
+    """The smallest k whose value is within `points` percentage points of the value at the largest k."""
+    if not row:
+        return None
+    full = row[max(row)]
+    return min(k for k, v in row.items() if v >= full - points / 100)
+
+
 def knn_accuracy(train_x, train_y, test_x, test_y, k: int = 20, temperature: float = 0.07) -> float:
     """Weighted cosine kNN (the usual SSL protocol: k=20, weights exp(sim / 0.07))."""
     a = torch.nn.functional.normalize(train_x.to(F32), dim=1)
@@ -109,28 +150,40 @@ def adaptive_dimension_table(
     random_draws: int = 50,
     probe: str = "sgd",
     seed: int = 0,
+    pca: bool = True,
+    retrieval_backend: str | None = "auto",
+    retrieval_draws: int = 5,
     **probe_kwargs,
 ) -> dict:
     """Accuracy per method and dimension.
 
     train/test hold "rr" (Rayleigh-Ritz ordered features), optionally "jn" (a joint-nesting encoder's
-    features) and "raw" (the unordered full features, for random selection). fixed maps k to the
-    (train, test) features of a separately trained k-dimensional encoder.
+    features) and "raw" (the unordered full features, for random selection and the PCA baseline). fixed maps
+    k to the (train, test) features of a separately trained k-dimensional encoder. retrieval_backend=None
+    skips retrieval and timing; RS retrieval is the mean over `retrieval_draws` random subsets.
     """
+    train, test = dict(train), dict(test)
+    if pca and "raw" in train:
+        train["pca"], test["pca"] = pca_features(train["raw"], test["raw"])
     acc = lambda tr, te: probe_accuracy(tr, train_y, te, test_y, probe=probe, seed=seed, **probe_kwargs)  # noqa: E731
     results: dict[str, dict[int, float]] = {}
-    for name, label in (("rr", "RR"), ("jn", "JN")):
-        if name in train:
-            results[label] = {k: acc(train[name][:, :k], test[name][:, :k]).item() for k in dims}
+    prefixes = {label: name for name, label in (("rr", "RR"), ("jn", "JN"), ("pca", "PCA")) if name in train}
+    first_k = lambda name: {k: acc(train[name][:, :k], test[name][:, :k]).item() for k in dims}  # noqa: E731
+    for label in ("RR", "JN"):  # table order: RR, JN, FF, PCA, RS
+        if label in prefixes:
+            results[label] = first_k(prefixes[label])
     if fixed:
         results["FF"] = {k: acc(*fixed[k]).item() for k in dims if k in fixed}
+    if "PCA" in prefixes:
+        results["PCA"] = first_k("pca")
+    subsets = {}
     if "raw" in train and random_draws > 0:
         gen = torch.Generator().manual_seed(seed)
         d = train["raw"].shape[1]
         results["RS"] = {}
         for k in dims:
-            subsets = torch.stack([torch.randperm(d, generator=gen)[:k] for _ in range(random_draws)])
-            results["RS"][k] = acc(train["raw"][:, subsets].permute(1, 0, 2), test["raw"][:, subsets].permute(1, 0, 2)).mean().item()
+            subsets[k] = torch.stack([torch.randperm(d, generator=gen)[:k] for _ in range(random_draws)])
+            results["RS"][k] = acc(train["raw"][:, subsets[k]].permute(1, 0, 2), test["raw"][:, subsets[k]].permute(1, 0, 2)).mean().item()
     ordering = {}
     if "rr" in train:
         d = train["rr"].shape[1]
@@ -141,7 +194,37 @@ def adaptive_dimension_table(
                     "bottom": acc(train["rr"][:, d - k :], test["rr"][:, d - k :]).item(),
                 }
     knn = {name: knn_accuracy(train[name], train_y, test[name], test_y) for name in train}
-    return {"dims": dims, "probe": probe, "accuracy": results, "ordering": ordering, "knn": knn}
+    report = {"dims": dims, "probe": probe, "accuracy": results, "ordering": ordering, "knn": knn}
+    if retrieval_backend is not None:
+        report.update(_retrieval_report(train, test, train_y, test_y, dims, prefixes, fixed, subsets,
+                                        retrieval_draws, retrieval.resolve_backend(retrieval_backend)))
+    one_nn = {m: {k: v["1nn"] for k, v in r.items()} for m, r in report.get("retrieval", {}).items()}
+    report["smallest_k"] = {m: {**_within(results.get(m), "accuracy"), **_within(one_nn.get(m), "1nn")} for m in results}
+    return report
+
+
+def _within(row: Mapping[int, float] | None, metric: str) -> dict[str, int | None]:
+    return {f"{metric}_within_{x}pt": smallest_k_within(row, x) for x in (1, 5)} if row else {}
+
+
+def _retrieval_report(train, test, train_y, test_y, dims, prefixes, fixed, subsets, draws, backend) -> dict:
+    """Retrieval per method and k; storage and measured search time per k (on the first ordered features)."""
+    metrics = lambda tr, te: retrieval.retrieval_metrics(tr, train_y, te, test_y, backend=backend)  # noqa: E731
+    rows: dict[str, dict[int, dict[str, float]]] = {}
+    for label, name in prefixes.items():
+        rows[label] = {k: metrics(train[name][:, :k], test[name][:, :k]) for k in dims}
+    if fixed:
+        rows["FF"] = {k: metrics(*fixed[k]) for k in dims if k in fixed}
+    if subsets and draws > 0:
+        rows["RS"] = {}
+        for k in dims:
+            runs = [metrics(train["raw"][:, s], test["raw"][:, s]) for s in subsets[k][:draws]]
+            rows["RS"][k] = {m: sum(r[m] for r in runs) / len(runs) for m in runs[0]}
+    timed = next(iter(prefixes.values()), "raw")  # search time depends on k and the sizes, not on the method
+    seconds = {k: retrieval.search_seconds_per_query(train[timed][:, :k], test[timed][:, :k], 10, backend) for k in dims}
+    storage = {k: {**retrieval.bytes_per_vector(k), "search_us_per_query": 1e6 * seconds[k]} for k in dims}
+    return {"retrieval": rows, "storage": storage,
+            "retrieval_setup": {"backend": backend, "database": len(train_y), "queries": len(test_y), "rs_draws": draws}}
 
 
 def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> dict[str, Path]:
@@ -164,16 +247,64 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
             lines.append(f"| {k} | {100 * row['top']:.2f} | {100 * row['bottom']:.2f} |")
     if report["knn"]:
         lines += ["", "kNN accuracy (k=20, cosine, full dimension): " + ", ".join(f"{n}: {100 * v:.2f}" for n, v in report["knn"].items())]
+    lines += _retrieval_lines(report)
     paths = {"markdown": out / "table.md", "csv": out / "table.csv", "json": out / "report.json", "plot": out / "accuracy_vs_dim.png"}
     paths["markdown"].write_text("\n".join(lines) + "\n")
     with open(paths["csv"], "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["method", *dims])
-        for method, row in acc.items():
-            writer.writerow([method, *[f"{100 * row[k]:.2f}" if k in row else "" for k in dims]])
+        for method, row in _extra_rows(report, acc):
+            writer.writerow([method, *[row.get(k, "") for k in dims]])
     paths["json"].write_text(json.dumps(report, indent=2, default=str) + "\n")
     _plot(report, paths["plot"], title)
+    if "retrieval" in report:
+        paths["retrieval_plot"] = out / "retrieval_vs_dim.png"
+        _plot_retrieval(report, paths["retrieval_plot"], title)
     return paths
+
+
+RETRIEVAL_METRICS = (("1nn", "1-NN"), ("recall@1", "R@1"), ("recall@10", "R@10"))
+STORAGE_ROWS = (("fp32", "bytes/vector fp32"), ("fp16", "bytes/vector fp16"), ("int8", "bytes/vector int8"),
+                ("search_us_per_query", "search µs/query"))
+
+
+def _extra_rows(report: dict, acc: dict):
+    """(label, {k: cell}) rows of the CSV: accuracy, retrieval per method and metric, storage and time."""
+    for method, row in acc.items():
+        yield method, {k: f"{100 * v:.2f}" for k, v in row.items()}
+    for method, row in report.get("retrieval", {}).items():
+        for metric, label in RETRIEVAL_METRICS:
+            yield f"{method} {label}", {k: f"{100 * v[metric]:.2f}" for k, v in row.items()}
+    for key, label in STORAGE_ROWS:
+        yield label, {k: (f"{v[key]:.2f}" if isinstance(v[key], float) else v[key]) for k, v in report.get("storage", {}).items()}
+
+
+def _retrieval_lines(report: dict) -> list[str]:
+    dims, lines = report["dims"], []
+    header = ["| {} | " + " | ".join(str(k) for k in dims) + " |", "|---|" + "---|" * len(dims)]
+    if "retrieval" in report:
+        setup = report["retrieval_setup"]
+        lines += ["", "### Retrieval (%) by representation size", "",
+                  f"Exact cosine search ({setup['backend']}). 1-NN: each of the {setup['queries']} validation vectors "
+                  f"against the {setup['database']} training vectors; R@k: among its k nearest other validation "
+                  f"vectors one has its class. RS: mean of {setup['rs_draws']} random subsets.", ""]
+        lines += [header[0].format("Method, metric \\ Dims"), header[1]]
+        for method, row in report["retrieval"].items():
+            for metric, label in RETRIEVAL_METRICS:
+                lines.append(f"| {method} {label} | " + " | ".join(f"{100 * row[k][metric]:.2f}" if k in row else "–" for k in dims) + " |")
+        lines += ["", f"### Storage and search time ({setup['database']} training vectors, exact top-10, "
+                      f"float32, {setup['backend']}; time measured here, best of 3)", ""]
+        lines += [header[0].format("Per vector \\ Dims"), header[1]]
+        for key, label in STORAGE_ROWS:
+            cells = [report["storage"][k][key] for k in dims]
+            lines.append(f"| {label} | " + " | ".join(f"{c:.1f}" if isinstance(c, float) else str(c) for c in cells) + " |")
+    if report.get("smallest_k"):
+        lines += ["", f"### Smallest k within X points of the same method at k = {max(dims)}", "",
+                  "| Method | probe, 1 pt | probe, 5 pt | 1-NN, 1 pt | 1-NN, 5 pt |", "|---|---|---|---|---|"]
+        for method, row in report["smallest_k"].items():
+            keys = ("accuracy_within_1pt", "accuracy_within_5pt", "1nn_within_1pt", "1nn_within_5pt")
+            lines.append(f"| {method} | " + " | ".join(str(row.get(key) or "–") for key in keys) + " |")
+    return lines
 
 
 def _plot(report: dict, path: Path, title: str) -> None:
@@ -197,16 +328,54 @@ def _plot(report: dict, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _plot_retrieval(report: dict, path: Path, title: str) -> None:
+    """Probe accuracy (solid) and 1-NN / R@1 retrieval (dashed, dotted) vs k; fp32 bytes per vector on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    dims = report["dims"]
+    for i, (method, row) in enumerate(report["accuracy"].items()):
+        color = f"C{i}"
+        ks = [k for k in dims if k in row]
+        ax.plot(ks, [100 * row[k] for k in ks], marker="o", color=color, label=f"{method} probe")
+        for metric, style in (("1nn", "--"), ("recall@1", ":")):
+            ret = report["retrieval"].get(method, {})
+            ks = [k for k in dims if k in ret]
+            ax.plot(ks, [100 * ret[k][metric] for k in ks], style, marker=".", color=color,
+                    label=f"{method} {dict(RETRIEVAL_METRICS)[metric]}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(dims, labels=[str(k) for k in dims], minor=False)
+    ax.minorticks_off()
+    ax.set_xlabel("representation size k")
+    ax.set_ylabel("accuracy / recall (%)")
+    top = ax.secondary_xaxis("top", functions=(lambda k: 4 * k, lambda b: b / 4))
+    top.set_xticks([4 * k for k in dims], labels=[str(4 * k) for k in dims])
+    top.minorticks_off()
+    top.set_xlabel("bytes per vector, fp32 (fp16: 1/2, int8: 1/4)")
+    ax.set_title(title or "accuracy and retrieval vs dimension", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 # -- eigtrain-eval ---------------------------------------------------------------------------------
 USAGE = """eigtrain-eval: adaptive-dimension evaluation of a trained run or of stored features.
 
     eigtrain-eval run_dir=DIR [rr=DIR] [jn_run_dir=DIR] [ff_run_dirs=[DIR4,DIR8]] [probe=sgd|closed_form]
                   [random_draws=50] [dims=[4,8,16]] [train_split=train] [test_split=val] [out=DIR]
+                  [pca=true] [retrieval=auto|torch|faiss|none] [retrieval_draws=5]
     eigtrain-eval features=FILE.npz rr=DIR out=DIR     # arrays train_z, train_y, test_z, test_y
 
 RR uses the Rayleigh-Ritz export (default run_dir/rr, written by eigtrain-rr); JN is the run's own
 coordinates when it was trained with joint nesting, or those of jn_run_dir; FF are runs trained at each
-smaller dimension; RS are random subsets of the run's coordinates.
+smaller dimension; RS are random subsets of the run's coordinates; PCA the principal components of the
+same embedding. At every size: retrieval (1-NN, recall@1/10), bytes per vector, search time per query.
+Writes table.md, table.csv, report.json, accuracy_vs_dim.png and retrieval_vs_dim.png.
 """
 
 
@@ -225,6 +394,9 @@ class EvalConfig:
     out: str | None = None
     device: str = "cpu"
     seed: int = 0
+    pca: bool = True
+    retrieval: str = "auto"  # auto (FAISS when installed, else torch) | torch | faiss | none
+    retrieval_draws: int = 5
 
 
 def _load_features(path: str):
@@ -245,12 +417,13 @@ def evaluate(cfg) -> tuple[dict, dict]:
 
     if bool(cfg.run_dir) == bool(cfg.features):
         raise ValueError("give exactly one of run_dir= or features=")
+    device = str(select_device(resolve_env(), cfg.device))  # this task's GPU, bound as the trainer binds it
     if cfg.features:
         train_z, train_y, test_z, test_y = _load_features(cfg.features)
         nested, out = False, Path(cfg.out or Path(cfg.features).with_suffix(""))
     else:
-        run = open_run(cfg.run_dir, device=cfg.device)
-        (train_z, train_y), (test_z, test_y) = (embed_split(run, s, device=cfg.device) for s in (cfg.train_split, cfg.test_split))
+        run = open_run(cfg.run_dir, device=device)
+        (train_z, train_y), (test_z, test_y) = (embed_split(run, s, device=device) for s in (cfg.train_split, cfg.test_split))
         nested, out = run.cfg.nesting.mode != "none", Path(cfg.out or run.run_dir / "eval")
     train, test = {"raw": train_z}, {"raw": test_z}
     rr_dir = cfg.rr or (Path(cfg.run_dir) / "rr" if cfg.run_dir else None)
@@ -262,15 +435,17 @@ def evaluate(cfg) -> tuple[dict, dict]:
     if nested:
         train["jn"], test["jn"] = train_z, test_z
     if cfg.jn_run_dir:
-        jn = open_run(cfg.jn_run_dir, device=cfg.device)
-        train["jn"], test["jn"] = (embed_split(jn, s, device=cfg.device)[0] for s in (cfg.train_split, cfg.test_split))
+        jn = open_run(cfg.jn_run_dir, device=device)
+        train["jn"], test["jn"] = (embed_split(jn, s, device=device)[0] for s in (cfg.train_split, cfg.test_split))
     fixed = {}
     for ff_dir in cfg.ff_run_dirs:
-        ff = open_run(ff_dir, device=cfg.device)
-        fixed[int(ff.cfg.dim)] = tuple(embed_split(ff, s, device=cfg.device)[0] for s in (cfg.train_split, cfg.test_split))
+        ff = open_run(ff_dir, device=device)
+        fixed[int(ff.cfg.dim)] = tuple(embed_split(ff, s, device=device)[0] for s in (cfg.train_split, cfg.test_split))
     dims = list(cfg.dims) if cfg.dims else dims_for(train_z.shape[1])
+    backend = None if cfg.retrieval == "none" else retrieval.resolve_backend(cfg.retrieval)
     report = adaptive_dimension_table(train, test, train_y, test_y, dims, fixed=fixed, random_draws=cfg.random_draws,
-                                      probe=cfg.probe, seed=cfg.seed)
+                                      probe=cfg.probe, seed=cfg.seed, pca=cfg.pca, retrieval_backend=backend,
+                                      retrieval_draws=cfg.retrieval_draws)
     title = f"Accuracy (%) by representation size — {Path(cfg.run_dir or cfg.features).name}"
     return report, write_report(report, out, title)
 
@@ -278,14 +453,14 @@ def evaluate(cfg) -> tuple[dict, dict]:
 def main(argv: list[str] | None = None) -> int:
     import sys
 
-    from .cli import parse_key_values
+    from .cli import compose_dataclass
 
     args = sys.argv[1:] if argv is None else argv
     if args in (["-h"], ["--help"]):
         print(USAGE)
         return 0
     try:
-        cfg = parse_key_values(EvalConfig, args)
+        cfg = compose_dataclass(EvalConfig, args)
         report, paths = evaluate(cfg)
     except (ValueError, FileNotFoundError) as error:
         print(f"eigtrain-eval: {error}", file=sys.stderr)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -27,10 +29,38 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def files_sha256(directory: str | os.PathLike) -> str:
+    """Hash of every file under a directory: relative names and content hashes, in name order."""
+    root = Path(directory)
+    digest = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(f"{f.relative_to(root)}:{file_sha256(f)}\n".encode())
+    return digest.hexdigest()
+
+
 def save_export(result: RRResult, out_dir: str | os.PathLike, source: dict, plot: bool = True) -> Path:
-    """Write the export; `source` describes what was reduced (kind, path, sha256, ...)."""
+    """Write the export; `source` describes what was reduced (kind, path, sha256, ...). The directory appears
+    only when complete: it is written beside its final place and renamed (an older export there is replaced)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        _write_export(result, staging, source, plot)
+        staging.chmod(0o755)  # mkdtemp makes it private
+        if out.exists():
+            old = out.with_name(f".{out.name}.{os.getpid()}.old")
+            out.rename(old)
+            staging.rename(out)
+            shutil.rmtree(old)
+        else:
+            staging.rename(out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return out
+
+
+def _write_export(result: RRResult, out: Path, source: dict, plot: bool) -> None:
     tensors = {"eigenvalues": result.eigenvalues, "transform": result.transform, "mean": result.mean}
     if result.right_transform is not None:
         tensors.update(right_transform=result.right_transform, right_mean=result.right_mean)
@@ -49,7 +79,6 @@ def save_export(result: RRResult, out_dir: str | os.PathLike, source: dict, plot
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     if plot:
         plot_decay(result.eigenvalues, out / DECAY_PLOT, title=f"Rayleigh-Ritz ({result.mode}), n={result.n}")
-    return out
 
 
 def plot_decay(eigenvalues: torch.Tensor, path: str | os.PathLike, title: str = "") -> None:

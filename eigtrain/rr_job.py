@@ -3,25 +3,57 @@
     eigtrain-rr run_dir=DIR [split=train] [mode=generalized] [center=false] [out=DIR]
     eigtrain-rr checkpoint=DIR/step-N ...
     eigtrain-rr embeddings=FILE.npz out=DIR      # black-box embeddings: arrays z1, z2 (N x d) of positive pairs
+    eigtrain-rr embeddings=DIR out=DIR           # the same, streamed from chunks (see eigtrain.embedding_files)
+    eigtrain-rr encoder=timm:NAME [encoder.checkpoint=FILE] data.root=DIR|data.shards=PATTERN data.augment=imagenet out=DIR
+    eigtrain-rr encoder=module:pkg.mod:factory [encoder.kwargs.KEY=VALUE] data.root=DIR ... out=DIR
 
 Every sample is read exactly once across ranks and workers, accumulated in float64, reduced once at the
-end, and the total count is checked against the shard index (or the file's row count). Runs as one
+end, and the total count is checked against the shard index (or the files' row count). Runs as one
 process, under torchrun, or on Slurm with the project's launcher (the rank comes from eigtrain.dist).
+The export directory appears only when complete (written beside it, then renamed).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
 from . import dist as edist
-from .cli import parse_key_values
-from .export import file_sha256, save_export
+from . import embedding_files
+from .cli import compose_dataclass
+from .data.augment import PRESETS
+from .export import file_sha256, files_sha256, save_export
 from .rayleigh_ritz import MODES, RRAccumulator, solve
+
+
+@dataclass
+class EncoderConfig:
+    name: str | None = None  # timm:NAME or module:pkg.mod:factory (`encoder=...` on the command line)
+    checkpoint: str | None = None  # local weights (.safetensors or a torch state dict); never downloaded
+    kwargs: dict[str, Any] = field(default_factory=dict)  # to timm.create_model or the factory
+
+
+@dataclass
+class DataConfig:
+    """Image shards for encoder=: the augmentation preset defines the positive pairs."""
+
+    root: str | None = None  # eigtrain shards (index.json): the count is checked against the index
+    shards: Any = None  # webdataset shard pattern(s)/URL(s) without an eigtrain index
+    augment: str = "imagenet"
+    image_size: int | None = None  # loader resize (needed when the shards do not say, e.g. foreign shards)
+    image_fit: str = "cover"  # cover: resize + center crop; whole: the augmentation crops from the whole image
+    view_size: int | None = None  # size of the augmented views (default: image_size)
+    mean: list[float] | None = None  # normalization (default: the preset's)
+    std: list[float] | None = None
+    max_corrupt: int = 0  # a skipped sample would break the exact count: none by default
+    image_key: str | None = None  # foreign shards: member name(s) of the image (default jpg;jpeg;png;webp)
+    label_key: str | None = None  # foreign shards: not needed for Rayleigh-Ritz
+    shard_index: str | None = None  # foreign shards: a wids index with the sample counts
+    cache_dir: str | None = None  # foreign shards: where a scan's sample counts are cached
 
 
 @dataclass
@@ -37,41 +69,51 @@ class RRJobConfig:
     batch_size: int = 512
     num_workers: int = 2
     device: str = "auto"
+    seed: int = 0  # augmentation seed (views are a function of it and each batch's sample keys)
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    data: DataConfig = field(default_factory=DataConfig)
 
     def validate(self) -> "RRJobConfig":
-        given = [k for k in ("run_dir", "checkpoint", "embeddings") if getattr(self, k)]
+        sources = {"run_dir": self.run_dir, "checkpoint": self.checkpoint, "embeddings": self.embeddings, "encoder": self.encoder.name}
+        given = [k for k, v in sources.items() if v]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of run_dir=, checkpoint=, embeddings= (got {given or 'none'})")
+            raise ValueError(f"give exactly one of run_dir=, checkpoint=, embeddings=, encoder= (got {given or 'none'})")
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is unknown; allowed: {', '.join(MODES)}")
-        if self.embeddings and not self.out:
-            raise ValueError("embeddings= needs out=DIR for the export")
+        if (self.embeddings or self.encoder.name) and not self.out:
+            raise ValueError(f"{given[0]}= needs out=DIR for the export")
+        if self.encoder.name:
+            if bool(self.data.root) == bool(self.data.shards):
+                raise ValueError("encoder= needs exactly one of data.root=DIR (eigtrain shards) or data.shards=PATTERN")
+            if self.data.augment not in PRESETS:
+                raise ValueError(f"data.augment={self.data.augment!r} is unknown; allowed: {', '.join(PRESETS)}")
+            if self.mode == "svd":
+                raise ValueError("encoder= runs one model on two views; mode=svd is for two encoders")
         return self
 
 
 def parse_args(argv: list[str]) -> RRJobConfig:
-    return parse_key_values(RRJobConfig, argv).validate()
+    # `encoder=timm:NAME` names the model while `encoder.checkpoint=...` sets its fields: the name is encoder.name
+    argv = ["encoder.name=" + a.partition("=")[2] if a.startswith("encoder=") else a for a in argv]
+    return compose_dataclass(RRJobConfig, argv).validate()
 
 
-def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, chunk: int = 65536):
-    """Accumulate this rank's contiguous share of the rows of an npz with z1, z2; returns (acc, total rows)."""
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"embeddings file {path} does not exist")
-    with np.load(path) as data:
-        missing = [k for k in ("z1", "z2") if k not in data]
-        if missing:
-            raise ValueError(f"{path} lacks array(s) {missing}; expected z1, z2 of shape N x d")
-        z1, z2 = data["z1"], data["z2"]
-    if z1.ndim != 2 or z2.ndim != 2 or len(z1) != len(z2):
-        raise ValueError(f"{path}: z1 {z1.shape} and z2 {z2.shape} must be N x d with the same N")
-    if not pairs and z1.shape[1] != z2.shape[1]:
-        raise ValueError(f"{path}: z1 and z2 have widths {z1.shape[1]} and {z2.shape[1]}; one-encoder modes need equal widths, use mode=svd for two encoders")
-    acc = RRAccumulator(z1.shape[1], pairs=pairs, dim_right=z2.shape[1] if pairs else None)
-    lo, hi = len(z1) * rank // world, len(z1) * (rank + 1) // world
-    for s in range(lo, hi, chunk):
-        e = min(s + chunk, hi)
-        acc.update(torch.from_numpy(z1[s:e]), torch.from_numpy(z2[s:e]))
-    return acc, len(z1)
+def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, block: int = 65536):
+    """Accumulate this rank's contiguous share of the rows of stored pairs z1, z2 (an npz, a safetensors file or
+    a directory of chunks, streamed); returns (acc, total rows)."""
+    chunks = embedding_files.open_chunks(path)
+    d1, d2 = embedding_files.widths(chunks)
+    if not pairs and d1 != d2:
+        raise ValueError(f"{path}: z1 and z2 have widths {d1} and {d2}; one-encoder modes need equal widths, use mode=svd for two encoders")
+    acc = RRAccumulator(d1, pairs=pairs, dim_right=d2 if pairs else None)
+    for z1, z2 in embedding_files.iter_blocks(chunks, rank, world, block):
+        acc.update(torch.from_numpy(z1), torch.from_numpy(z2))
+    return acc, embedding_files.total_rows(chunks)
+
+
+def select_device(cfg: RRJobConfig, env) -> torch.device:
+    """cfg.device, with `auto` = this rank's GPU when there is one (bound as the trainer binds it)."""
+    return edist.select_device(env, cfg.device)
 
 
 def run(cfg: RRJobConfig) -> dict:
@@ -79,12 +121,19 @@ def run(cfg: RRJobConfig) -> dict:
     pairs = cfg.mode == "svd"
     if cfg.embeddings:
         acc, expected = reduce_embeddings(cfg.embeddings, pairs, env.rank, env.world_size)
-        source = {"kind": "embeddings", "path": str(Path(cfg.embeddings).resolve()), "sha256": file_sha256(cfg.embeddings)}
+        path = Path(cfg.embeddings)
+        source = {"kind": "embeddings", "path": str(path.resolve()),
+                  "sha256": (files_sha256(path) if path.is_dir() else file_sha256(path)) if env.rank == 0 else None}
+        out = Path(cfg.out)
+    elif cfg.encoder.name:
+        from .embed import reduce_external
+
+        acc, expected, source = reduce_external(cfg, env, select_device(cfg, env))
         out = Path(cfg.out)
     else:
         from .embed import reduce_encoder  # needs the trainer's checkpoint loading
 
-        acc, expected, source, default_out = reduce_encoder(cfg, env, pairs)
+        acc, expected, source, default_out = reduce_encoder(cfg, env, pairs, select_device(cfg, env))
         out = Path(cfg.out or default_out)
     acc.all_reduce()
     if acc.n != expected:
@@ -92,7 +141,7 @@ def run(cfg: RRJobConfig) -> dict:
     result = solve(acc, cfg.mode, center=cfg.center, ridge=cfg.ridge)
     summary = {"out": str(out), "n": acc.n, "mode": cfg.mode, "eigenvalues": [round(float(v), 6) for v in result.eigenvalues[:16]]}
     if env.rank == 0:
-        save_export(result, out, {**source, "split": cfg.split if not cfg.embeddings else None, "center": cfg.center})
+        save_export(result, out, {**source, "split": cfg.split if not cfg.embeddings else None, "center": cfg.center})  # atomic
         print(json.dumps(summary, indent=1))
     edist.barrier()
     return summary
@@ -102,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(sys.argv[1:] if argv is None else argv)
         run(cfg)
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
+    except (ValueError, OSError, RuntimeError) as error:  # OSError: missing files, unreadable shards
         print(f"eigtrain-rr: {error}", file=sys.stderr)
         return 2
     finally:

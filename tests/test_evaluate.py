@@ -41,8 +41,48 @@ def test_table_orders_methods_and_writes_readable_report(tmp_path):
     acc = report["accuracy"]
     assert acc["RR"][4] > acc["RS"][4] + 0.2
     assert report["ordering"][4]["top"] > report["ordering"][4]["bottom"] + 0.4
+    # PCA of the same (shuffled) embedding finds the informative directions; retrieval follows the ordering
+    assert acc["PCA"][4] > acc["RS"][4] + 0.2
+    ret = report["retrieval"]
+    assert set(ret) == {"RR", "PCA", "RS"} and set(ret["RR"][4]) == {"1nn", "recall@1", "recall@10"}
+    assert ret["RR"][4]["1nn"] > ret["RS"][4]["1nn"] + 0.2
+    assert report["storage"][8]["fp16"] == 16 and report["storage"][8]["search_us_per_query"] > 0
+    assert report["smallest_k"]["RR"]["accuracy_within_5pt"] == 4 and report["smallest_k"]["RS"]["accuracy_within_1pt"] == 16
     paths = write_report(report, tmp_path, title="blobs")
-    assert "| RR |" in paths["markdown"].read_text() and "closed-form" in paths["markdown"].read_text()
-    assert paths["csv"].read_text().splitlines()[0] == "method,4,8,16"
-    image = Image.open(paths["plot"])
-    assert image.size[0] > 300 and len(image.convert("L").getcolors(maxcolors=256 * 256)) > 10  # a real plot, not blank
+    md = paths["markdown"].read_text()
+    assert "| RR |" in md and "closed-form" in md and "| PCA |" in md and "| RR 1-NN |" in md and "| PCA R@10 |" in md
+    assert "| bytes/vector int8 | 4 | 8 | 16 |" in md and "Smallest k within X points" in md
+    csv_rows = paths["csv"].read_text().splitlines()
+    assert csv_rows[0] == "method,4,8,16" and "bytes/vector fp32,16,32,64" in csv_rows
+    assert any(r.startswith("RS R@1,") for r in csv_rows) and any(r.startswith("search µs/query,") for r in csv_rows)
+    for plot in ("plot", "retrieval_plot"):
+        image = Image.open(paths[plot])
+        assert image.size[0] > 300 and len(image.convert("L").getcolors(maxcolors=256 * 256)) > 10  # a real plot, not blank
+
+
+def test_eval_command_on_stored_features_with_retrieval_options(tmp_path, capsys):
+    import json
+
+    import numpy as np
+
+    from eigtrain.evaluate import main as eval_main
+    from eigtrain.export import save_export
+    from eigtrain.rayleigh_ritz import RRAccumulator, solve
+
+    x, y = _blobs(d=8)
+    acc = RRAccumulator(8)
+    acc.update(x[:400], x[:400] + 0.3 * torch.randn(400, 8, generator=torch.Generator().manual_seed(2)))
+    save_export(solve(acc), tmp_path / "rr", {"kind": "test"}, plot=False)
+    np.savez(tmp_path / "f.npz", train_z=x[:400].numpy(), train_y=y[:400].numpy(), test_z=x[400:].numpy(), test_y=y[400:].numpy())
+    args = [f"features={tmp_path / 'f.npz'}", f"rr={tmp_path / 'rr'}", f"out={tmp_path / 'ev'}", "probe=closed_form",
+            "random_draws=3", "dims=[4,8]"]
+    assert eval_main([*args, "retrieval=torch", "retrieval_draws=2"]) == 0
+    report = json.loads((tmp_path / "ev" / "report.json").read_text())
+    assert report["retrieval_setup"] == {"backend": "torch", "database": 400, "queries": 200, "rs_draws": 2}
+    assert set(report["accuracy"]) == {"RR", "PCA", "RS"} and (tmp_path / "ev" / "retrieval_vs_dim.png").exists()
+    assert eval_main([*args, f"out={tmp_path / 'ev2'}", "retrieval=none", "pca=false"]) == 0
+    report = json.loads((tmp_path / "ev2" / "report.json").read_text())
+    assert "retrieval" not in report and "PCA" not in report["accuracy"] and not (tmp_path / "ev2" / "retrieval_vs_dim.png").exists()
+    capsys.readouterr()
+    assert eval_main([*args, "retrieval=annoy"]) == 2
+    assert "backend='annoy' is unknown" in capsys.readouterr().err

@@ -85,3 +85,120 @@ def test_svd_mode_exports_both_sides(tmp_path, capsys):
 def test_bad_arguments_fail_with_one_clear_message(args, message, capsys):
     assert rr_main(args) == 2
     assert message in capsys.readouterr().err
+
+
+def _write_chunks(directory, z1, z2, kind):
+    """The same rows as chunks of one kind: npy pairs, safetensors, npz (uneven chunk sizes)."""
+    from safetensors.numpy import save_file
+
+    directory.mkdir()
+    bounds = [0, 700, 1900, 2000, len(z1)]
+    for i, (s, e) in enumerate(zip(bounds, bounds[1:])):
+        if kind == "npy":
+            np.save(directory / f"part-{i:03d}.z1.npy", z1[s:e])
+            np.save(directory / f"part-{i:03d}.z2.npy", z2[s:e])
+        elif kind == "safetensors":
+            save_file({"z1": np.ascontiguousarray(z1[s:e]), "z2": np.ascontiguousarray(z2[s:e])}, str(directory / f"part-{i:03d}.safetensors"))
+        else:
+            np.savez(directory / f"part-{i:03d}.npz", z1=z1[s:e], z2=z2[s:e])
+    return directory
+
+
+@pytest.mark.parametrize("kind", ["npy", "safetensors", "npz", "memmap"])
+def test_chunked_embeddings_equal_in_memory(tmp_path, kind):
+    path, z1, z2 = _embeddings(tmp_path)
+    assert rr_main([f"embeddings={path}", f"out={tmp_path / 'whole'}"]) == 0
+    if kind == "memmap":  # one pair of memory-mapped arrays
+        (tmp_path / "mm").mkdir()
+        np.save(tmp_path / "mm" / "z1.npy", z1)
+        np.save(tmp_path / "mm" / "z2.npy", z2)
+        chunks = tmp_path / "mm"
+    else:
+        chunks = _write_chunks(tmp_path / kind, z1, z2, kind)
+    assert rr_main([f"embeddings={chunks}", f"out={tmp_path / 'chunked'}"]) == 0
+    whole, chunked = (load_file(str(tmp_path / d / "rr.safetensors")) for d in ("whole", "chunked"))
+    for key in whole:  # the same rows merged at other block boundaries: equal up to float64 rounding
+        torch.testing.assert_close(chunked[key], whole[key], rtol=0, atol=1e-10 * whole[key].abs().max().item())
+    manifest = json.loads((tmp_path / "chunked" / "manifest.json").read_text())
+    assert manifest["n"] == 3000 and len(manifest["source"]["sha256"]) == 64
+
+
+def test_ranks_split_chunks_exactly(tmp_path):
+    from eigtrain.rr_job import reduce_embeddings
+
+    _, z1, z2 = _embeddings(tmp_path)
+    chunks = _write_chunks(tmp_path / "c", z1, z2, "npy")
+    one, n = reduce_embeddings(str(chunks), pairs=False, block=256)
+    parts = [reduce_embeddings(str(chunks), pairs=False, rank=r, world=3, block=256)[0] for r in range(3)]
+    assert n == 3000 and [p.n for p in parts] == [1000, 1000, 1000]
+    for p in parts[1:]:
+        parts[0].merge(p)
+    for key, value in one.state_dict().items():
+        torch.testing.assert_close(parts[0].state_dict()[key], value, rtol=1e-12, atol=1e-9, msg=key)
+
+
+def _bad_chunks(tmp_path, case):
+    d = tmp_path / case
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(50, 4))
+    np.save(d / "a.z1.npy", z)
+    np.save(d / "a.z2.npy", z + 0.1)
+    if case == "rows":
+        np.save(d / "b.z1.npy", z)
+        np.save(d / "b.z2.npy", z[:40])
+    elif case == "widths":
+        np.save(d / "b.z1.npy", z[:, :3])
+        np.save(d / "b.z2.npy", z[:, :3])
+    elif case == "nan":
+        bad = z.copy()
+        bad[17, 2] = np.nan
+        np.save(d / "b.z1.npy", z)
+        np.save(d / "b.z2.npy", bad)
+    elif case == "orphan":
+        np.save(d / "b.z2.npy", z)
+    elif case == "empty":
+        for f in d.iterdir():
+            f.unlink()
+    return d
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("rows", "b.z1.npy: z1 has 50 rows but z2 has 40"),
+        ("widths", "b.z1.npy: widths z1 3, z2 3 differ from a.z1.npy's z1 4, z2 4"),
+        ("nan", "b.z1.npy: row 17 of z2 holds NaN or inf"),
+        ("orphan", "b.z2.npy has no z1 partner"),
+        ("empty", "holds no embedding chunks"),
+    ],
+)
+def test_bad_chunks_fail_with_one_message_and_write_nothing(tmp_path, case, message, capsys):
+    out = tmp_path / "out"
+    assert rr_main([f"embeddings={_bad_chunks(tmp_path, case)}", f"out={out}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists() and list(tmp_path.glob(".out*")) == []
+
+
+def test_export_appears_only_when_complete(tmp_path, monkeypatch):
+    import eigtrain.export as export
+
+    path, *_ = _embeddings(tmp_path)
+    out = tmp_path / "rr"
+    assert rr_main([f"embeddings={path}", f"out={out}"]) == 0
+    before = (out / "rr.safetensors").read_bytes()
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(export, "plot_decay", fail)  # the last file of the export fails to be written
+    assert rr_main([f"embeddings={path}", f"out={out}", "center=true"]) == 2
+    assert (out / "rr.safetensors").read_bytes() == before  # the old export is intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["emb.npz", "rr"]  # no staging directory left
+    assert rr_main([f"embeddings={path}", f"out={tmp_path / 'new'}", "center=true"]) == 2
+    assert not (tmp_path / "new").exists()
+    monkeypatch.undo()
+    assert rr_main([f"embeddings={path}", f"out={out}", "center=true"]) == 0  # replaced by the new export
+    assert json.loads((out / "manifest.json").read_text())["source"]["center"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["emb.npz", "rr"]

@@ -1,0 +1,101 @@
+"""Exact nearest-neighbour retrieval with cosine similarity, in torch or with FAISS (IndexFlatIP) when it is
+installed (`pip install eigtrain[faiss]`); both are exact searches on the same float32 normalized vectors and
+give the same neighbours (up to exact ties).
+
+Metrics on a labelled split (queries = the validation split):
+- 1-NN accuracy: the label of the nearest training vector is the query's;
+- recall@k: among the query's k nearest *other* validation vectors there is one of its class (the
+  deep-metric-learning protocol: leave-one-out search within the split).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+BACKENDS = ("auto", "torch", "faiss")
+
+
+def resolve_backend(backend: str = "auto") -> str:
+    """'faiss' when requested or (auto) importable, else 'torch'."""
+    if backend not in BACKENDS:
+        raise ValueError(f"retrieval backend={backend!r} is unknown; allowed: {', '.join(BACKENDS)}")
+    if backend == "torch":
+        return backend
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        if backend == "faiss":
+            raise ValueError("retrieval backend=faiss needs FAISS: pip install faiss-cpu (or eigtrain[faiss])") from None
+        return "torch"
+    return "faiss"
+
+
+def unit_rows(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.normalize(x.detach().to(torch.float32), dim=1).contiguous()
+
+
+def search(database: torch.Tensor, queries: torch.Tensor, k: int, backend: str = "torch", exclude_self: bool = False,
+           block_elements: int = 1 << 26) -> torch.Tensor:
+    """Indices (n_queries, k) of the k most cosine-similar database rows, most similar first. exclude_self:
+    queries are the database itself and row i never returns i. torch scores queries in blocks of at most
+    `block_elements` similarities (256 MB)."""
+    db, q = unit_rows(database), unit_rows(queries)
+    k = min(k, len(db) - exclude_self)
+    if resolve_backend(backend) == "faiss":
+        return _search_faiss(db, q, k, exclude_self)
+    out, block = [], max(1, block_elements // max(len(db), 1))
+    for s in range(0, len(q), block):
+        sims = q[s : s + block] @ db.T
+        if exclude_self:
+            rows = torch.arange(len(sims))
+            sims[rows, rows + s] = -float("inf")
+        out.append(sims.topk(k, dim=1).indices)
+    return torch.cat(out)
+
+
+def _search_faiss(db: torch.Tensor, q: torch.Tensor, k: int, exclude_self: bool) -> torch.Tensor:
+    import faiss
+
+    index = faiss.IndexFlatIP(db.shape[1])
+    index.add(db.numpy())
+    _, found = index.search(q.numpy(), k + exclude_self)
+    if exclude_self:  # drop the query itself; where an exact duplicate outranked it, drop the last hit instead
+        keep = found != np.arange(len(found))[:, None]
+        keep[keep.all(1), -1] = False
+        found = found[keep].reshape(len(found), k)
+    return torch.from_numpy(found.astype(np.int64))
+
+
+def retrieval_metrics(train_x, train_y, test_x, test_y, ks=(1, 10), backend: str = "torch") -> dict[str, float]:
+    """{"1nn": ..., "recall@1": ..., "recall@10": ...} as fractions (see the module docstring)."""
+    train_y, test_y = train_y.long(), test_y.long()
+    nearest = search(train_x, test_x, 1, backend)[:, 0]
+    n = len(test_y)  # fractions from exact counts
+    metrics = {"1nn": (train_y[nearest] == test_y).sum().item() / n}
+    neighbours = search(test_x, test_x, max(ks), backend, exclude_self=True)
+    hits = test_y[neighbours] == test_y[:, None]
+    for k in ks:
+        metrics[f"recall@{k}"] = hits[:, :k].any(1).sum().item() / n
+    return metrics
+
+
+def search_seconds_per_query(database: torch.Tensor, queries: torch.Tensor, k: int = 10, backend: str = "torch",
+                             repeats: int = 3, max_queries: int = 1024) -> float:
+    """Wall time of one exact top-k search of (at most `max_queries`) queries, float32, per query; the best
+    of `repeats`."""
+    best, queries = float("inf"), queries[:max_queries]
+    search(database[:8], queries[:8], 1, backend)  # warm up (lazy imports, allocator)
+    for _ in range(repeats):
+        start = time.perf_counter()
+        search(database, queries, k, backend)
+        best = min(best, time.perf_counter() - start)
+    return best / len(queries)
+
+
+def bytes_per_vector(k: int) -> dict[str, int]:
+    """Storage of one k-dimensional vector: float32, float16, int8 (scalar quantization; the per-dimension
+    scales are stored once per index, not per vector)."""
+    return {"fp32": 4 * k, "fp16": 2 * k, "int8": k}
