@@ -50,14 +50,16 @@ def synthetic_images(n: int, size: int, seed: int = 0):
         yield {"__key__": f"img-{i:07d}", "png": buffer.getvalue(), "cls": i % 10}
 
 
-def torchvision_views(preset: str, size: int):
-    """The preset's two views as per-image torchvision.transforms.v2 pipelines on uint8 tensors."""
+def torchvision_views(preset: str, size: int, pil_input: bool = False, interpolation=v2.InterpolationMode.BILINEAR):
+    """The preset's two views as per-image torchvision.transforms.v2 pipelines on uint8 tensors (or PIL images,
+    `pil_input`, as open_clip's webdataset pipelines feed them)."""
     mean, std = NORMALIZATION[preset]
     composes = []
     for r in PRESETS[preset]:
         steps = []
         if r.crop_scale is not None:
-            steps.append(v2.RandomResizedCrop(size, scale=r.crop_scale, ratio=r.crop_ratio, antialias=True))
+            steps.append(v2.RandomResizedCrop(size, scale=r.crop_scale, ratio=r.crop_ratio, interpolation=interpolation,
+                                                  antialias=True))
         if r.flip_p:
             steps.append(v2.RandomHorizontalFlip(r.flip_p))
         if r.jitter is not None:
@@ -69,7 +71,7 @@ def torchvision_views(preset: str, size: int):
             steps.append(v2.RandomApply([v2.GaussianBlur(2 * radius + 1, r.blur_sigma)], p=r.blur_p))
         if r.solarize_p:
             steps.append(v2.RandomSolarize(128, p=r.solarize_p))
-        steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+        steps += [*([v2.ToImage()] if pil_input else []), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
         composes.append(v2.Compose(steps))
     return composes
 

@@ -34,7 +34,9 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from eigtrain.data import ShardStream, build_augment
-from eigtrain.data.augment import NORMALIZATION, PRESETS
+from eigtrain.data.augment import PRESETS
+
+from bench_data import torchvision_views  # the same per-image reference pipeline (tools/ is on sys.path)
 
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning)
 
@@ -54,25 +56,7 @@ def write_jpeg_shards(directory: str, n: int, size: int, per_shard: int, seed: i
 
 def pil_views(preset: str, size: int):
     """The preset's two views as per-image v2 pipelines on PIL images (open_clip's style), normalized tensors."""
-    mean, std = NORMALIZATION[preset]
-    composes = []
-    for r in PRESETS[preset]:
-        steps = [v2.RandomResizedCrop(size, scale=r.crop_scale, ratio=r.crop_ratio,
-                                      interpolation=v2.InterpolationMode.BICUBIC, antialias=True)]
-        if r.flip_p:
-            steps.append(v2.RandomHorizontalFlip(r.flip_p))
-        if r.jitter is not None:
-            steps.append(v2.RandomApply([v2.ColorJitter(*r.jitter)], p=r.jitter_p))
-        if r.gray_p:
-            steps.append(v2.RandomGrayscale(r.gray_p))
-        if r.blur_p:
-            radius = min(int(np.ceil(3 * r.blur_sigma[1])), size - 1)
-            steps.append(v2.RandomApply([v2.GaussianBlur(2 * radius + 1, r.blur_sigma)], p=r.blur_p))
-        if r.solarize_p:
-            steps.append(v2.RandomSolarize(128, p=r.solarize_p))
-        steps += [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
-        composes.append(v2.Compose(steps))
-    return composes
+    return torchvision_views(preset, size, pil_input=True, interpolation=v2.InterpolationMode.BICUBIC)
 
 
 class TwoViews:
