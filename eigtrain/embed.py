@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import EXPORT_NAME, latest_checkpoint, load_encoder
 from .data import ShardStream, build_augment, read_index
+from .data.from_config import build_stream, uses_shards
 from .data.augment import NORMALIZATION
 from .export import file_sha256, files_sha256
 from .rayleigh_ritz import RRAccumulator
@@ -58,13 +59,14 @@ def normalization(data: DictConfig) -> dict:
     return {"mean": tuple(data.mean) if data.mean else mean, "std": tuple(data.std) if data.std else std}
 
 
-def _stream(run: TrainedRun, split: str, batch_size: int, num_workers: int, rank: int, world: int) -> ShardStream:
+def _stream(run: TrainedRun, split: str, batch_size: int, num_workers: int, rank: int, world: int,
+            device="cpu") -> ShardStream:
+    """One pass over the run's data (data.root's split, or its data.shards with the run's cached counts)."""
     data = run.cfg.data
-    shards = len(read_index(data.root).shards(split))
-    workers = min(num_workers, shards // world)  # each worker reads whole shards of its own; 0 = in-process
-    return ShardStream(data.root, split=split, batch_size=batch_size, rank=rank, world_size=world,
-                       num_workers=workers, seed=run.cfg.seed, mode=data.mode, image_size=data.image_size,
-                       one_pass=True, max_corrupt=data.max_corrupt)
+    if not uses_shards(data):  # each worker reads whole shards of its own; 0 = in-process
+        num_workers = min(num_workers, len(read_index(data.root).shards(split)) // world)
+    return build_stream(data, batch_size=batch_size, rank=rank, world_size=world, seed=run.cfg.seed, device=device,
+                        cache_dir=run.run_dir / "data", split=split, num_workers=num_workers, one_pass=True)
 
 
 def batch_generator(keys: list[str], seed: int, device) -> torch.Generator:
@@ -100,11 +102,11 @@ def reduce_pairs(run: TrainedRun, split: str, batch_size: int, num_workers: int,
                  device: str = "cpu", seed: int = 0) -> tuple[RRAccumulator, int]:
     """Accumulate (Psi(a), Psi(a+)) over augmented views (or (Phi(x), Psi(a)) for pairs) of this rank's share."""
     data = run.cfg.data
-    stream = _stream(run, split, batch_size, num_workers, rank, world)
+    stream = _stream(run, split, batch_size, num_workers, rank, world, device)
     augment = build_augment(data.augment, image_size=data.view_size, **normalization(data)).to(device)
     acc = RRAccumulator(run.cfg.dim, pairs=run.pairs, device=device)
     if not run.pairs:
-        return reduce_views(run.encoder, stream, augment, acc, device, seed), read_index(data.root).num_samples(split)
+        return reduce_views(run.encoder, stream, augment, acc, device, seed), stream.num_samples
     for batch in stream:
         generator = batch_generator(batch["key"], seed, device)
         x = augment.view(batch["x"].to(device), generator, 0)
@@ -113,19 +115,19 @@ def reduce_pairs(run: TrainedRun, split: str, batch_size: int, num_workers: int,
         with autocast(device):
             z1, z2 = run.encoder(x, a)
         acc.update(z1.float(), z2.float())
-    return acc, read_index(data.root).num_samples(split)
+    return acc, stream.num_samples
 
 
 @torch.no_grad()
 def embed_split(run: TrainedRun, split: str, batch_size: int = 512, num_workers: int = 1, device: str = "cpu"):
     """Un-augmented embeddings z = encoder(x) of a whole split (one process), with labels and keys."""
     data = run.cfg.data
-    stream = _stream(run, split, batch_size, num_workers, 0, 1)
+    stream = _stream(run, split, batch_size, num_workers, 0, 1, device)
     normalize = build_augment("none", image_size=data.view_size, **normalization(data)).to(device)
     zs, labels, keys = [], [], []
     for batch in stream:
         images = batch["x"] if run.pairs else batch["image"]
-        x = normalize.view(images.to(device), None, 0)
+        x = normalize.view(images.to(device), None, 0, batch.get("size"))  # a padded batch: each valid region
         zs.append((run.encoder.phi if run.pairs else run.encoder)(x).float().cpu())
         labels.append(batch["label"])
         keys += batch["key"]

@@ -108,3 +108,27 @@ def test_crops_come_from_each_images_valid_region_of_a_padded_batch():
     assert ignored.mean() < 0.7
     center = A.BatchAugment((A.ViewRecipe(crop_scale=None, flip_p=0.0),) * 2, (8, 8), (0.0,), (1.0,))
     assert center.view(canvas, None, 0, sizes).mean() > 0.97  # no crop: the valid region's center crop
+
+
+def test_cpu_and_accelerator_paths_make_the_same_per_sample_choices(monkeypatch):
+    """The CPU path runs each operation only on the samples that drew it; the accelerator path runs it on the whole
+    batch and selects with torch.where. With whole-image crops both must give the same views."""
+    recipe = A.ViewRecipe(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.5, jitter=(0.4, 0.4, 0.4, 0.1),
+                          jitter_p=0.8, gray_p=0.3, blur_p=0.5, solarize_p=0.3)
+    augment = A.BatchAugment((recipe, recipe), (72, 72), NORMALIZATION["imagenet"][0], NORMALIZATION["imagenet"][1])
+    batch = images(24, 3, (72, 72))
+    on_cpu = augment.view(batch, torch.Generator().manual_seed(3))
+    monkeypatch.setattr(A, "host_reads_are_free", lambda device: False)
+    batched = augment.view(batch, torch.Generator().manual_seed(3))
+    torch.testing.assert_close(on_cpu, batched, atol=1e-4, rtol=0)
+
+
+def test_cpu_crops_of_large_outputs_are_whole_pixel_boxes_inside_each_valid_region():
+    recipe = A.ViewRecipe(crop_scale=(0.08, 1.0), flip_p=0.5, interpolation="bicubic")
+    augment = A.BatchAugment((recipe, recipe), (72, 72), (0.0,), (1.0,))
+    canvas = torch.zeros(16, 1, 200, 200, dtype=torch.uint8)
+    sizes = torch.tensor([[90, 200], [200, 70], [200, 200], [80, 80]] * 4)
+    for image, (h, w) in zip(canvas, sizes.tolist()):
+        image[:, :h, :w] = 255
+    views = augment.view(canvas, torch.Generator().manual_seed(0), 0, sizes)
+    assert torch.equal(views, torch.ones_like(views))  # no padding pixel enters any crop, not even blended

@@ -165,6 +165,25 @@ def test_training_over_http_resumes_bit_identically_and_leaves_the_users_directo
     assert tree_digest(directory) == before
 
 
+@pytest.mark.slow
+def test_rayleigh_ritz_and_embeddings_of_a_run_trained_on_foreign_shards_read_every_sample_once(served, tmp_path):
+    from safetensors.torch import load_file
+
+    from eigtrain.embed import embed_split, open_run
+    from eigtrain.rr_job import main as rr_main
+    from eigtrain.train import compose_config, run
+
+    directory, base = served
+    run_dir = tmp_path / "run"
+    assert run(compose_config(train_overrides(run_dir, f"{base}/{PATTERN}", "steps=2")))["step"] == 2
+    assert rr_main([f"run_dir={run_dir}", "num_workers=2"]) == 0  # the run's own shards, over HTTP again
+    manifest = json.loads((run_dir / "rr" / "manifest.json").read_text())
+    assert manifest["n"] == CLASSES * PER_CLASS
+    assert load_file(str(run_dir / "rr" / "rr.safetensors"))["eigenvalues"].isfinite().all()
+    z, labels = embed_split(open_run(run_dir), "train", batch_size=50, num_workers=2)
+    assert len(z) == CLASSES * PER_CLASS and labels.bincount().tolist() == [PER_CLASS] * CLASSES
+
+
 def test_demo_data_is_never_written_into_a_users_directory(served, tmp_path):
     from eigtrain.data.from_config import DataConfigError
     from eigtrain.train import compose_config, prepare_data

@@ -8,6 +8,7 @@ shapes (`nonzero`), attributed to the step during which they happen.
 import pytest
 import torch
 
+from eigtrain.data import augment as augment_module
 from eigtrain.metrics_log import Throughput
 from eigtrain.train import compose_config, run
 from tests.test_train_support import digits_root, overrides  # noqa: F401
@@ -31,6 +32,8 @@ def counted_syncs(monkeypatch):
     for name in SYNCING:
         monkeypatch.setattr(torch.Tensor, name, counting(name, getattr(torch.Tensor, name)))
     monkeypatch.setattr(torch, "nonzero", counting("torch.nonzero", torch.nonzero))
+    # Augmentation on the CPU reads its random draws back on purpose (free there); check the accelerator path.
+    monkeypatch.setattr(augment_module, "host_reads_are_free", lambda device: False)
     add = Throughput.add
 
     def next_step(self, *args, **kwargs):

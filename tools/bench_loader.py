@@ -3,15 +3,17 @@
     python tools/bench_loader.py                      # 96 px and 224 px, imagenet (VICReg) preset, 2 cores
     python tools/bench_loader.py --sizes 224 --batches 16 --cores 4
 
-Measured side by side in one run, on the same pinned cores, on shards written by webdataset's ShardWriter
-(jpg + cls, smooth synthetic images, JPEG quality 90) and read by a brace pattern:
-- ours_loader: ShardStream(shards=...) reading and decoding in `cores` DataLoader workers: the CPU work per
-  image of a GPU run, whose augmentation runs batched on the GPU (not measured here: no GPU);
-- ours_loader_cpu_augment: the same with cores-1 workers plus both views augmented batched in the main process
-  (1 thread) on the CPU: a run without a GPU;
-- webdataset_v2: open_clip's pipeline (``wds.WebDataset(urls).shuffle(1000).decode("pilrgb").to_tuple("jpg", "cls")
-  .map_tuple(transform).batched(B)`` in a DataLoader with `cores` workers), the transform being the same
-  preset's two views as per-image torchvision.transforms.v2 on the PIL image, then ToImage/ToDtype/Normalize.
+Measured side by side in one run on shards written by webdataset's ShardWriter (jpg + cls, smooth synthetic
+images, JPEG quality 90) and read by a brace pattern, against open_clip's pipeline
+(``wds.WebDataset(urls).shuffle(1000).decode("pilrgb").to_tuple("jpg", "cls").map_tuple(transform).batched(B)``,
+the transform being the same preset's two views as per-image torchvision.transforms.v2 on the PIL image, then
+ToImage/ToDtype/Normalize):
+- all on one core (the goal's figure): both pipelines in this process (no DataLoader workers, one torch
+  thread) pinned to one CPU, decoding and making both views: ours is ShardStream(shards=...) + BatchAugment's
+  CPU path; the throughput per core of a run without a GPU (whose ranks or workers each do this);
+- loader on `cores` cores: ShardStream decoding in `cores` DataLoader workers vs the reference with `cores`
+  workers making both views: the CPU work per image of a GPU run, whose augmentation runs batched on the GPU
+  (its GPU time is not measured here: no GPU).
 Repeats alternate between the pipelines; medians are reported, with the ratio ours / webdataset.
 """
 
@@ -77,10 +79,9 @@ def timed(make_batches, count: int, size_of) -> float:
     return images / (time.perf_counter() - start)
 
 
-def ours(pattern, args, size, augment=None) -> float:
-    """ShardStream; with `augment` both views are made batched in this process (1 thread) on the CPU."""
-    workers = args.cores - 1 if augment is not None else args.cores
-    stream = ShardStream(shards=pattern, batch_size=args.batch, num_workers=max(workers, 1), seed=0,
+def ours(pattern, args, size, workers: int, augment=None) -> float:
+    """ShardStream; with `augment` both views are made in this process on the CPU."""
+    stream = ShardStream(shards=pattern, batch_size=args.batch, num_workers=workers, seed=0,
                          label_key="cls", image_size=size, image_fit="whole", shuffle_block=1000)
     generator = torch.Generator().manual_seed(0)
 
@@ -89,16 +90,25 @@ def ours(pattern, args, size, augment=None) -> float:
             augment(batch["image"], generator, sizes=batch["size"])
         return len(batch["key"])
 
-    return timed(lambda: iter(stream), args.cpu_augment_batches if augment is not None else args.batches, size_of)
+    return timed(lambda: iter(stream), args.batches, size_of)
 
 
-def webdataset_v2(pattern, args, size) -> float:
+def webdataset_v2(pattern, args, size, workers: int) -> float:
     dataset = (wds.WebDataset(pattern, shardshuffle=False, nodesplitter=None, workersplitter=wds.split_by_worker,
                               empty_check=False)
                .shuffle(1000).decode("pilrgb").to_tuple("jpg", "cls")
                .map_tuple(TwoViews(args.preset, size), lambda c: c).batched(args.batch))
-    return timed(lambda: iter(DataLoader(dataset, batch_size=None, num_workers=args.cores)), args.batches,
+    return timed(lambda: iter(DataLoader(dataset, batch_size=None, num_workers=workers)), args.batches,
                  lambda batch: len(batch[1]))
+
+
+def one_core(cores, run):
+    """`run()` pinned to the first of `cores` (and back)."""
+    os.sched_setaffinity(0, cores[:1])
+    try:
+        return run()
+    finally:
+        os.sched_setaffinity(0, cores)
 
 
 def main():
@@ -107,7 +117,6 @@ def main():
     parser.add_argument("--preset", default="imagenet", choices=sorted(PRESETS))
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--batches", type=int, default=8, help="timed batches per loader run")
-    parser.add_argument("--cpu-augment-batches", type=int, default=2, help="timed batches with CPU augmentation")
     parser.add_argument("--cores", type=int, default=2, help="pin this process and its workers to this many CPUs")
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
@@ -115,23 +124,26 @@ def main():
     cores = sorted(os.sched_getaffinity(0))[: args.cores]
     os.sched_setaffinity(0, cores)  # DataLoader workers inherit it: all pipelines get the same CPUs
     args.cores = len(cores)
-    torch.set_num_threads(1)  # CPU augmentation: one thread beside cores-1 decoding workers
+    torch.set_num_threads(1)  # one thread in this process; DataLoader workers run one each
     results = {}
     for size in args.sizes:
         augment = build_augment(args.preset, image_size=size)
         with tempfile.TemporaryDirectory() as tmp:
             n = args.batch * (args.batches + 2) * args.cores * 2  # every worker has batches to spare
             pattern = write_jpeg_shards(tmp, n, size, per_shard=max(n // (4 * args.cores), 1))
-            runs = {"ours_loader": [], "ours_loader_cpu_augment": [], "webdataset_v2": []}
+            runs = {"ours_one_core": [], "webdataset_v2_one_core": [], "ours_loader": [], "webdataset_v2": []}
             for _ in range(args.repeats):
-                runs["ours_loader"].append(ours(pattern, args, size))
-                runs["webdataset_v2"].append(webdataset_v2(pattern, args, size))
-                runs["ours_loader_cpu_augment"].append(ours(pattern, args, size, augment))
+                runs["ours_one_core"].append(one_core(cores, lambda: ours(pattern, args, size, 0, augment)))
+                runs["webdataset_v2_one_core"].append(one_core(cores, lambda: webdataset_v2(pattern, args, size, 0)))
+                runs["ours_loader"].append(ours(pattern, args, size, args.cores))
+                runs["webdataset_v2"].append(webdataset_v2(pattern, args, size, args.cores))
         median = {k: statistics.median(v) for k, v in runs.items()}
+        per_core = {k: v / (1 if k.endswith("one_core") else args.cores) for k, v in median.items()}
         results[f"{size}px"] = {
-            **{f"{k}_images_per_s_per_core": round(v / args.cores, 1) for k, v in median.items()},
-            "ratio_ours_loader_vs_webdataset_v2": round(median["ours_loader"] / median["webdataset_v2"], 2),
-            "ratio_ours_all_on_cpu_vs_webdataset_v2": round(median["ours_loader_cpu_augment"] / median["webdataset_v2"], 2),
+            **{f"{k}_images_per_s_per_core": round(v, 1) for k, v in per_core.items()},
+            "ratio_all_on_one_core_ours_vs_webdataset_v2": round(per_core["ours_one_core"]
+                                                                 / per_core["webdataset_v2_one_core"], 2),
+            "ratio_loader_ours_vs_webdataset_v2": round(per_core["ours_loader"] / per_core["webdataset_v2"], 2),
             "runs_images_per_s": {k: [round(x, 1) for x in v] for k, v in runs.items()},
         }
     print(json.dumps({"config": {**vars(args), "cores": cores, "load_average_1min": os.getloadavg()[0]},

@@ -113,13 +113,16 @@ def _write_demo(data, root: Path) -> None:
 
 
 def build_stream(data, *, batch_size: int, rank: int, world_size: int, seed: int, device: torch.device,
-                 cache_dir: Path | None = None) -> ShardStream:
-    """The training stream of the `data` config on `device` (pinned memory and nvJPEG decoding follow it)."""
+                 cache_dir: Path | None = None, split: str | None = None, num_workers: int | None = None,
+                 one_pass: bool = False) -> ShardStream:
+    """The training stream of the `data` config on `device` (pinned memory and nvJPEG decoding follow it); with
+    `one_pass`, every sample of `split` exactly once across ranks and workers (embedding, Rayleigh-Ritz)."""
     device = torch.device(device)
     pin = data.get("pin_memory")
     common = dict(
-        split=data.split, batch_size=batch_size, rank=rank, world_size=world_size, num_workers=data.num_workers,
-        seed=seed, mode=data.mode, image_size=data.image_size, resampled=data.resampled,
+        split=split or data.split, batch_size=batch_size, rank=rank, world_size=world_size,
+        num_workers=data.num_workers if num_workers is None else num_workers, seed=seed, mode=data.mode,
+        image_size=data.image_size, resampled=data.resampled and not one_pass, one_pass=one_pass,
         max_corrupt=data.max_corrupt, shuffle_block=data.get("shuffle_block", 1000),
         pin_memory=device.type == "cuda" if pin is None else bool(pin), prefetch_factor=data.get("prefetch_factor", 2),
         persistent_workers=bool(data.get("persistent_workers", False)), image_fit=data.get("image_fit", "cover"),
