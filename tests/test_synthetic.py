@@ -103,6 +103,8 @@ def test_config_errors_name_the_key():
         apply_overrides(SyntheticConfig(), ["objective=simclr"]).validate()
     with pytest.raises(ValueError, match="rank=7"):
         apply_overrides(SyntheticConfig(), ["rank=7"]).validate()
+    with pytest.raises(ValueError, match="adam_beta2=1.0"):
+        apply_overrides(SyntheticConfig(), ["adam_beta2=1"]).validate()
     assert main(["kernel=bessel"]) == 2
     paper = apply_overrides(SyntheticConfig(), ["preset=paper", "seed=4"])
     assert (paper.steps, paper.train_samples, paper.schedule, paper.seed) == (300_000, 10_000_000, "constant", 4)

@@ -19,7 +19,7 @@ def _cfgs(kernel="legendre", **extra):
     return [dataclasses.replace(base, objective=o, extraction=e, seed=s) for o, e, s in members]
 
 
-@pytest.mark.parametrize("kernel, extra", [("legendre", {}), ("fourier", {"train_samples": 640, "schedule": "constant"})])
+@pytest.mark.parametrize("kernel, extra", [("legendre", {}), ("legendre", {"adam_beta1": 0.8, "adam_beta2": 0.95}), ("fourier", {"train_samples": 640, "schedule": "constant"})])
 def test_ensemble_member_equals_single_run(kernel, extra):
     cfgs = _cfgs(kernel, **extra)
     kernel = build_kernel(cfgs[0].kernel, cfgs[0].rank)

@@ -71,6 +71,10 @@ class SyntheticConfig:
     lr: float = 1e-3
     schedule: str = "cosine"  # constant (the paper) | cosine
     warmup_steps: int = 0
+    # Adam's moment decays (torch's defaults). With the constant mode learned, its early large gradients
+    # fill the shared layers' second moment; beta2 sets how long they keep shrinking the other modes' steps.
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
     final_lr_ratio: float = 0.0  # cosine ends at lr * final_lr_ratio
     # paper: cos(i pi a_j) per coordinate; products: prod_j cos(i_j pi a_j), the analogue of the monomials.
     # With the paper's features nothing beyond the constant is learned in 5e3 steps: use products, lr=3e-3.
@@ -120,6 +124,8 @@ class SyntheticConfig:
             raise ValueError(f"batch_size={self.batch_size}: must be even (split-batch estimators use even/odd halves)")
         if self.lr <= 0 or not 0 <= self.final_lr_ratio <= 1:
             raise ValueError(f"lr={self.lr}, final_lr_ratio={self.final_lr_ratio}: need lr > 0 and 0 <= final_lr_ratio <= 1")
+        if not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
+            raise ValueError(f"adam_beta1={self.adam_beta1}, adam_beta2={self.adam_beta2}: each must be in [0, 1)")
         if not 0 <= self.rr_tail <= 1:
             raise ValueError(f"rr_tail={self.rr_tail}: must be a fraction in [0, 1]")
         if self.rr_samples < 0 or self.train_samples < 0 or self.warmup_steps < 0 or self.input_dim < 0:

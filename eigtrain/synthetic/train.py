@@ -90,6 +90,7 @@ class PairStream:
 # Keys that change how the encoders train: members of one ensemble must agree on all of them.
 TRAINING_KEYS = (
     "kernel", "rank", "input_dim", "constant_mode", "steps", "batch_size", "lr", "schedule", "warmup_steps",
+    "adam_beta1", "adam_beta2",
     "final_lr_ratio", "fourier_features", "width", "depth", "train_samples", "rr_tail",
 )
 
@@ -134,7 +135,7 @@ def train(cfgs: list[SyntheticConfig], kernel: SyntheticKernel, tail_accumulator
     streams = {s: PairStream(kernel, cfg, generator(s, STREAM_TRAIN)) for s in seeds}
     member_seed = torch.tensor([seeds.index(c.seed) for c in cfgs])
     params = list(ensemble.parameters())
-    optimizer = MemberAdam(params, len(cfgs))
+    optimizer = MemberAdam(params, len(cfgs), betas=(cfg.adam_beta1, cfg.adam_beta2))
     tail_start = cfg.steps - round(cfg.rr_tail * cfg.steps)
     n = cfg.batch_size
 
@@ -188,7 +189,7 @@ def train_single(cfg: SyntheticConfig, kernel: SyntheticKernel) -> SyntheticEnco
     encoder = build_encoder(cfg, kernel)
     objective = build_objective(cfg.objective, cfg.dim, nesting="joint" if cfg.extraction == "joint" else "none",
                                 distributed=False, pairs=False, **objective_coefficients(cfg))
-    optimizer = torch.optim.Adam(encoder.parameters(), lr=cfg.lr)
+    optimizer = torch.optim.Adam(encoder.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2))
     stream = PairStream(kernel, cfg, generator(cfg.seed, STREAM_TRAIN))
     for step in range(cfg.steps):
         for group in optimizer.param_groups:
