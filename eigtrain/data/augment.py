@@ -13,7 +13,7 @@ GaussianBlur, RandomSolarize). Two paths with the same draws:
   or worker-resized images close to the output size);
 - on the CPU, cache-sized chunks, each operation only on the samples that drew it; outputs above 64x64 are
   cropped with whole-pixel boxes resized with antialiasing in uint8, as torchvision does (`tools/bench_loader.py`:
-  ~1.6x the per-core throughput of webdataset + per-image torchvision v2 at 96 and 224 px).
+  1.8x the per-core throughput of webdataset + per-image torchvision v2 at 96 and 224 px).
 
 Presets (view 1, view 2):
 - ``cifar``: crop scale 0.2-1, flip, color jitter 0.4/0.4/0.4/0.1 with p 0.8, grayscale p 0.2; both views alike.
