@@ -177,3 +177,8 @@ def apply_overrides(config, args: list[str]):
             raise ValueError(f"unknown key {key!r}; allowed: {', '.join(defaults)}")
         updates[key] = convert(key, text, defaults[key])
     return dataclasses.replace(config, **updates)
+
+
+def stored_with_defaults(stored: dict) -> dict:
+    """A config stored by an earlier version: the keys added since count as their defaults (what it ran with)."""
+    return {**dataclasses.asdict(SyntheticConfig()), **stored}

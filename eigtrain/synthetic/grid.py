@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eigtrain.synthetic.config import PRESETS, SyntheticConfig, apply_overrides
+from eigtrain.synthetic.config import PRESETS, SyntheticConfig, apply_overrides, stored_with_defaults
 from eigtrain.synthetic.paper import METHODS
 from eigtrain.synthetic.run import run_ensemble
 
@@ -105,9 +105,8 @@ def run_grid(grid: GridConfig) -> list[Path]:
             cfgs = cell_configs(grid, kernel, rank)
             if path.exists():
                 stored = json.loads(path.read_text())
-                # keys added after a file was written count as their defaults (the behaviour it was run with)
-                defaults, current = dataclasses.asdict(SyntheticConfig()), shared_config(cfgs)
-                stored_config = {k: stored["config"].get(k, defaults[k]) for k in current}
+                current, stored_config = shared_config(cfgs), stored_with_defaults(stored["config"])
+                stored_config = {k: stored_config[k] for k in current}
                 if set(stored["config"]) <= set(current) and stored_config == current and list(stored["methods"]) == grid.lists()[2] and stored["seeds"] == grid.lists()[3]:
                     print(f"grid: {path} is up to date", file=sys.stderr)
                     written.append(path)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from eigtrain.synthetic.config import SyntheticConfig, apply_overrides
+from eigtrain.synthetic.config import apply_overrides, stored_with_defaults
 from eigtrain.synthetic.paper import METHODS, PAPER_STEPS, PAPER_TABLE
 
 METHOD_LABELS = {"lora-rr": "LoRA-RR", "lora-jn": "LoRA-JN", "rq-rr": "RQ-RR", "rq-jn": "RQ-JN", "vicreg-rr": "VICReg-RR", "vicreg-jn": "VICReg-JN"}
@@ -168,9 +168,8 @@ def plot(cells: dict, path: Path, rank: int = 8) -> bool:
 def budgets(cells: dict) -> str:
     lines = []
     for (recipe, kernel, rank), cell in sorted(cells.items()):
-        c = cell["config"]
-        # keys added after a file was written: the default it ran with
-        keys = {k: c.get(k, getattr(SyntheticConfig, k)) for k in ("steps", "batch_size", "lr", "adam_beta2", "schedule", "constant_mode",
+        c = stored_with_defaults(cell["config"])
+        keys = {k: c[k] for k in ("steps", "batch_size", "lr", "adam_beta2", "schedule", "constant_mode",
                 "fourier_features", "train_samples", "extraction_pairs", "rr_samples", "rr_tail", "rr_mode", "jn_readoff", "eval_samples")}
         lines.append(f"- {recipe} / {kernel} r={rank}: seeds {cell['seeds']}, steps {c['steps']} ({c['steps'] / PAPER_STEPS:.3g} of the "
                      f"paper's {PAPER_STEPS}), {len(cell['methods']) * len(cell['seeds'])} runs in {cell['wall_seconds']:.0f} s; {keys}")
