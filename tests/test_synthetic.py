@@ -138,6 +138,9 @@ def test_cli_writes_json_grid_and_table(tmp_path):
     text = table.read_text()
     assert "LoRA-JN" in text and "0.068 ± 0.015" in text  # the paper's Legendre r=6 LoRA-JN
     assert "paper recipe" in text and "eigtrain recipe" in text and "of 6**" in text
+    assert main(["table", "ranks=6", "kernels=legendre", f"dir={tmp_path}", f"out={table}", "recipes=paper", "union=eigtrain"]) == 0
+    union = table.read_text().split("with any of eigtrain: **")[1]
+    assert union.startswith(("0 of 6**", "1 of 6**")) and union.count("| no") + union.count("| yes (eigtrain)") == 6
 
 
 def test_presets_are_the_recipes():
@@ -158,3 +161,79 @@ def test_short_training_recovers_eigenfunctions():
     result = run(apply_overrides(SyntheticConfig(), overrides))
     assert result["ef_mse"] < 0.11, result["ef_mse_per_function"]
     assert result["ev_rae"] < 0.1, result["ev_rae_per_function"]
+
+
+class _ExactFeatures(torch.nn.Module):
+    """A stand-in encoder whose features are exact eigenfunctions psi_(first+1)..psi_(first+d), scaled and
+    shifted (a mean-invariant objective such as VICReg leaves the shift arbitrary)."""
+
+    def __init__(self, kernel, first, d, scale, shift):
+        super().__init__()
+        self.kernel, self.first, self.d, self.scale, self.shift = kernel, first, d, scale, shift
+
+    def forward(self, a):
+        psi = self.kernel.eigenfunctions(a.double())[:, self.first : self.first + self.d]
+        return (psi * self.scale + self.shift).float()
+
+
+def test_vicreg_is_compared_with_the_centered_kernels_eigenpairs():
+    """VICReg's features are centered (its loss and the paper's F.2): they estimate psi_2..psi_(d+1), and
+    every extraction of a VICReg run centers them, so its numbers do not depend on the arbitrary offsets."""
+    from eigtrain.rayleigh_ritz import RRAccumulator
+    from eigtrain.synthetic.extract import accumulate_pairs, evaluate, extract_all, target_first
+
+    kernel, d = build_kernel("legendre", 8), 4
+    assert target_first("vicreg_paper") == target_first("vicreg") == 1 and target_first("rq") == 0
+    scale = torch.tensor([2.0, 0.5, 1.0, 3.0])
+    outs = []
+    for shift in (torch.zeros(d), torch.tensor([3.0, -2.0, 0.5, 7.0])):
+        encoder = _ExactFeatures(kernel, 1, d, scale, shift)
+        acc = accumulate_pairs(encoder, kernel, 200_000, torch.Generator().manual_seed(0), RRAccumulator(d))
+        outs.append(evaluate(encoder, kernel, extract_all(acc, "vicreg_paper"), 50_000, torch.Generator().manual_seed(1), first=1))
+    plain, shifted = outs
+    for name in ("ordered_paper", "ordered", "ordered_gs", "rr_generalized", "rr_paper"):
+        for metric in ("ef_mse", "ev_rae"):
+            assert shifted[name][metric] == pytest.approx(plain[name][metric], abs=1e-4), (name, metric)
+    for name in ("ordered_paper", "ordered", "ordered_gs"):  # no mixing: exact up to the evaluation sample
+        assert shifted[name]["ef_mse"] < 1e-3, (name, shifted[name]["ef_mse_per_function"])
+    # Rayleigh quotients (1e5-pair noise ~10 % at lambda_5 = 0.018); the plain read-off's E[f(a) f(a+)]
+    # assumes a unit-norm minimizer, so it reads scale^2 lambda
+    assert shifted["ordered"]["ev_rae"] < 0.3
+    read = torch.tensor(shifted["ordered_paper"]["eigenvalues"]) / scale.double() ** 2
+    assert read.div(kernel.eigenvalues[1 : d + 1]).sub(1).abs().max() < 0.3  # scale^2 itself is 0.25..9
+    # the same features judged against psi_1..psi_d (the old reading) cannot score: psi_1 = 1 has no
+    # centered estimate, E(1 - f)^2 = 2 for any zero-mean unit-norm f
+    encoder = _ExactFeatures(kernel, 1, d, scale, torch.zeros(d))
+    acc = accumulate_pairs(encoder, kernel, 20_000, torch.Generator().manual_seed(0), RRAccumulator(d))
+    old = evaluate(encoder, kernel, extract_all(acc, "vicreg_paper"), 50_000, torch.Generator().manual_seed(1), first=0)
+    assert old["ordered_gs"]["ef_mse_per_function"][0] == pytest.approx(2.0, abs=1e-2)
+    with pytest.raises(ValueError, match="rank-8 kernel"):
+        evaluate(encoder, kernel, extract_all(acc, "vicreg_paper"), 100, torch.Generator().manual_seed(1), first=5)
+    with pytest.raises(ValueError, match="constant_mode=fixed with objective=vicreg_paper"):
+        apply_overrides(SyntheticConfig(), ["objective=vicreg_paper"]).validate()
+
+
+def test_grid_fills_a_cell_a_few_methods_at_a_time(tmp_path):
+    """A cell file gains methods run later with the same config and seeds (stored ones are not retrained);
+    a superseded VICReg record is retrained; another config retrains the whole cell."""
+    small = ["recipe=eigtrain", "kernels=legendre", "ranks=6", "seeds=0", f"dir={tmp_path}", "steps=4", "batch_size=100",
+             "width=8", "depth=1", "rr_samples=2000", "eval_samples=2000", "log_every=2"]
+    path = tmp_path / "legendre_r6.json"
+    assert main(["grid", "methods=lora-jn", *small]) == 0
+    first = json.loads(path.read_text())
+    assert main(["grid", "methods=rq-rr,vicreg-rr", *small[:-1], "log_every=4"]) == 0  # log_every changes no result
+    cell = json.loads(path.read_text())
+    assert list(cell["methods"]) == ["lora-jn", "rq-rr", "vicreg-rr"]
+    assert cell["methods"]["lora-jn"] == first["methods"]["lora-jn"]
+    vicreg = cell["methods"]["vicreg-rr"]
+    assert vicreg["target_first"] == 1 and vicreg["eigenvalues_true"] == pytest.approx(build_kernel("legendre", 6).eigenvalues[1:4].tolist(), abs=1e-5)
+    # a VICReg result stored without its target (compared with psi_1..psi_d) is superseded: retrained
+    want = list(vicreg["ef_mse"])
+    del cell["methods"]["vicreg-rr"]["target_first"]
+    cell["methods"]["vicreg-rr"]["ef_mse"] = [9.0]
+    path.write_text(json.dumps(cell))
+    assert main(["grid", "methods=lora-jn,vicreg-rr", *small]) == 0
+    again = json.loads(path.read_text())
+    assert again["methods"]["vicreg-rr"]["ef_mse"] == pytest.approx(want, rel=1e-3) and "rq-rr" in again["methods"]
+    assert main(["grid", "methods=lora-jn", *small, "lr=2e-3"]) == 0  # another config: the cell is replaced
+    assert list(json.loads(path.read_text())["methods"]) == ["lora-jn"]

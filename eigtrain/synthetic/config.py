@@ -118,6 +118,9 @@ class SyntheticConfig:
                 raise ValueError(f"{key}={getattr(self, key)}: must be positive")
         if self.rank < 2 or self.rank % 2:
             raise ValueError(f"rank={self.rank}: must be an even number >= 2 (the encoder extracts d = rank / 2)")
+        if self.constant_mode == "fixed" and self.objective in ("vicreg", "vicreg_paper"):
+            raise ValueError(f"constant_mode=fixed with objective={self.objective}: VICReg's loss sees centered features only, "
+                             "so its features estimate psi_2..psi_(d+1) and a fixed constant coordinate has nothing to estimate")
         if self.constant_mode == "fixed" and self.dim < 2:
             raise ValueError(f"constant_mode=fixed needs d = rank / 2 >= 2 (one fixed and one learned function), got rank={self.rank}")
         if self.batch_size % 2:

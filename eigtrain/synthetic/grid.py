@@ -77,10 +77,9 @@ def shared_config(cfgs: list[SyntheticConfig]) -> dict:
     return {k: v for k, v in dataclasses.asdict(cfgs[0]).items() if k not in ("objective", "extraction", "seed", "out")}
 
 
-def compact(grid: GridConfig, cfgs: list[SyntheticConfig], results: list[dict], seconds: float) -> dict:
+def compact(recipe: str, methods: list[str], seeds: list[int], cfgs: list[SyntheticConfig], results: list[dict], seconds: float) -> dict:
     """Every run's metrics (per seed, per function, every extraction), seed 0's curves; no histories."""
-    _, _, methods, seeds = grid.lists()
-    out = {"recipe": grid.recipe, "config": shared_config(cfgs), "seeds": seeds, "wall_seconds": round(seconds, 1),
+    out = {"recipe": recipe, "config": shared_config(cfgs), "seeds": seeds, "wall_seconds": round(seconds, 1),
            "eigenvalues_true": _round(results[0]["eigenvalues_true"]), "curve_grid": results[0]["curve_grid"],
            "curve_true": results[0]["curve_true"], "methods": {}}
     for i, method in enumerate(methods):
@@ -88,34 +87,65 @@ def compact(grid: GridConfig, cfgs: list[SyntheticConfig], results: list[dict], 
         out["methods"][method] = {
             "objective": runs[0]["objective"],
             "extraction": runs[0]["extraction"],
+            "target_first": runs[0]["target_first"],
+            "eigenvalues_true": _round(runs[0]["eigenvalues_true"]),
             **{k: _round([r[k] for r in runs]) for k in ("ef_mse", "ev_rae", "ef_mse_per_function", "ev_rae_per_function", "eigenvalues_estimated", "rr_pairs")},
             "final_loss": _round([r["history"][-1]["loss"] for r in runs]),
             "extractions": {name: {m: _round([r["extractions"][name][m] for r in runs]) for m in ("ef_mse", "ev_rae")} for name in runs[0]["extractions"]},
             "curve_seed0": runs[0]["curve"],
+            "curve_true": runs[0]["curve_true"],
         }
     return out
 
 
+def superseded(record: dict) -> bool:
+    """A VICReg result stored before its target became psi_2..psi_(d+1) (compared with psi_1..psi_d)."""
+    return record["objective"].startswith("vicreg") and "target_first" not in record
+
+
+# Keys that do not change a run's numbers: a stored cell that differs only in these is still up to date.
+NOT_RESULT_KEYS = ("log_every",)
+
+
+def stored_cell(path: Path, cfgs: list[SyntheticConfig], seeds: list[int]) -> dict | None:
+    """The cell file at path if it was run with the same shared config and seeds (else None: retrain all)."""
+    if not path.exists():
+        return None
+    stored = json.loads(path.read_text())
+    current, stored_config = shared_config(cfgs), stored_with_defaults(stored["config"])
+    same = set(stored["config"]) <= set(current) and all(stored_config[k] == v for k, v in current.items() if k not in NOT_RESULT_KEYS)
+    return stored if same and stored["seeds"] == seeds else None
+
+
 def run_grid(grid: GridConfig) -> list[Path]:
-    kernels, ranks, _, _ = grid.lists()
+    """Train each cell's methods that its file lacks (or holds in a superseded form); methods already
+    stored with the same config and seeds are kept, so a cell can be filled a few methods at a time."""
+    kernels, ranks, methods, seeds = grid.lists()
     written = []
     for rank in ranks:
         for kernel in kernels:
             path = Path(grid.dir) / f"{kernel}_r{rank}.json"
             cfgs = cell_configs(grid, kernel, rank)
-            if path.exists():
-                stored = json.loads(path.read_text())
-                current, stored_config = shared_config(cfgs), stored_with_defaults(stored["config"])
-                stored_config = {k: stored_config[k] for k in current}
-                if set(stored["config"]) <= set(current) and stored_config == current and list(stored["methods"]) == grid.lists()[2] and stored["seeds"] == grid.lists()[3]:
-                    print(f"grid: {path} is up to date", file=sys.stderr)
-                    written.append(path)
-                    continue
-            print(f"grid: training {path} ({len(cfgs)} runs as one ensemble)", file=sys.stderr, flush=True)
+            stored = stored_cell(path, cfgs, seeds)
+            kept = {m: r for m, r in stored["methods"].items() if not superseded(r)} if stored else {}
+            todo = [m for m in methods if m not in kept]
+            if not todo:
+                print(f"grid: {path} is up to date", file=sys.stderr)
+                written.append(path)
+                continue
+            todo_cfgs = [c for i, c in enumerate(cfgs) if methods[i // len(seeds)] in todo]
+            print(f"grid: training {path}: {', '.join(todo)} ({len(todo_cfgs)} runs as one ensemble)", file=sys.stderr, flush=True)
             start = time.perf_counter()
-            results = run_ensemble(cfgs)
+            results = run_ensemble(todo_cfgs)
+            cell = compact(grid.recipe, todo, seeds, todo_cfgs, results, time.perf_counter() - start)
+            if kept:  # merge: the stored methods first, in the paper's column order
+                cell["wall_seconds"] = round(cell["wall_seconds"] + stored["wall_seconds"], 1)
+                merged = {**kept, **cell["methods"]}
+                cell["methods"] = {m: merged[m] for m in METHODS if m in merged}
+                cell["config"] = {**cell["config"], **{k: stored["config"][k] for k in NOT_RESULT_KEYS if k in stored["config"]}}
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(compact(grid, cfgs, results, time.perf_counter() - start)))
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(cell))
+            tmp.replace(path)  # a cell file is complete or absent
             written.append(path)
     return written
-

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eigtrain.synthetic.config import apply_overrides, stored_with_defaults
+from eigtrain.synthetic.grid import superseded
 from eigtrain.synthetic.paper import METHODS, PAPER_STEPS, PAPER_TABLE
 
 METHOD_LABELS = {"lora-rr": "LoRA-RR", "lora-jn": "LoRA-JN", "rq-rr": "RQ-RR", "rq-jn": "RQ-JN", "vicreg-rr": "VICReg-RR", "vicreg-jn": "VICReg-JN"}
@@ -22,6 +23,8 @@ EXTRACTIONS = ("ordered_paper", "ordered", "ordered_gs", "rr_generalized", "rr_p
 class TableConfig:
     recipes: str = "paper,eigtrain"  # one sub-directory of dir per recipe, written by `grid`
     goal: str = "eigtrain"  # the recipes (sub-directories) whose cells get the goal check
+    # recipes that are one recipe run at different budgets: a cell counts as met if any of them meets it
+    union: str = ""
     kernels: str = "legendre,fourier"
     ranks: str = "6,8,10"
     dir: str = "benchmarks/synthetic"
@@ -33,14 +36,17 @@ def parse_table_args(args: list[str]) -> TableConfig:
 
 
 def load_cells(table: TableConfig) -> dict:
-    """(recipe, kernel, rank) -> cell dict, for the cells present."""
+    """(recipe, kernel, rank) -> cell dict, for the cells present; superseded VICReg results (compared with
+    psi_1..psi_d, which a centered objective cannot represent) are left out."""
     cells = {}
-    for recipe in table.recipes.split(","):
+    for recipe in dict.fromkeys(table.recipes.split(",") + [r for r in table.union.split(",") if r]):
         for kernel in table.kernels.split(","):
             for rank in (int(r) for r in table.ranks.split(",")):
                 path = Path(table.dir) / recipe / f"{kernel}_r{rank}.json"
                 if path.exists():
-                    cells[(recipe, kernel, rank)] = json.loads(path.read_text())
+                    cell = json.loads(path.read_text())
+                    cell["methods"] = {m: r for m, r in cell["methods"].items() if not superseded(r)}
+                    cells[(recipe, kernel, rank)] = cell
     return cells
 
 
@@ -106,6 +112,24 @@ def goal_table(table: TableConfig, cells: dict, recipe: str = "eigtrain") -> str
     return f"Cells meeting the goal ({recipe} recipe): **{met} of {total}**.\n\n" + "\n".join(lines) + "\n"
 
 
+def union_table(table: TableConfig, cells: dict) -> str:
+    """The goal check over several budgets of one recipe: each cell names the budget(s) that meet it."""
+    recipes = table.union.split(",")
+    lines = ["| Kernel | " + " | ".join(METHOD_LABELS[m] for m in METHODS) + " |", "|---|" + "---|" * len(METHODS)]
+    met = 0
+    for kernel in table.kernels.split(","):
+        for rank in (int(r) for r in table.ranks.split(",")):
+            marks = []
+            for m in METHODS:
+                runs = [(r, cells[(r, kernel, rank)]) for r in recipes if m in cells.get((r, kernel, rank), {"methods": {}})["methods"]]
+                meeting = [r for r, cell in runs if meets_goal(cell, kernel, rank, m)]
+                met += bool(meeting)
+                marks.append(f"yes ({', '.join(meeting)})" if meeting else ("no" if runs else "not run"))
+            lines.append(f"| {kernel} r={rank} | " + " | ".join(marks) + " |")
+    total = len(table.kernels.split(",")) * len(table.ranks.split(",")) * len(METHODS)
+    return f"Cells meeting the goal with any of {', '.join(recipes)}: **{met} of {total}**.\n\n" + "\n".join(lines) + "\n"
+
+
 def extractions_table(table: TableConfig, cells: dict) -> str:
     lines = ["| Recipe | Kernel | Method | reported | " + " | ".join(EXTRACTIONS) + " |", "|---|---|---|---|" + "---|" * len(EXTRACTIONS)]
     for (recipe, kernel, rank), cell in sorted(cells.items()):
@@ -129,7 +153,8 @@ def per_function_table(table: TableConfig, cells: dict) -> str:
             d = len(per_ef[0])
             ef = " ".join(f"{sum(r[i] for r in per_ef) / len(per_ef):.3f}" for i in range(d))
             ev = " ".join(f"{sum(r[i] for r in per_ev) / len(per_ev):.3f}" for i in range(d))
-            eig = " ".join(f"{t:.4f}/{e:.4f}" for t, e in zip(cell["eigenvalues_true"], ours["eigenvalues_estimated"][0]))
+            true = ours.get("eigenvalues_true", cell["eigenvalues_true"])  # VICReg's: lambda_2..lambda_(d+1)
+            eig = " ".join(f"{t:.4f}/{e:.4f}" for t, e in zip(true, ours["eigenvalues_estimated"][0]))
             lines.append(f"| {recipe} | {kernel} r={rank} | {METHOD_LABELS[m]} | {ef} | {ev} | {eig} |")
     return "\n".join(lines) + "\n"
 
@@ -148,8 +173,9 @@ def plot(cells: dict, path: Path, rank: int = 8) -> bool:
     fig, axes = plt.subplots(len(rows), d, figsize=(3.2 * d, 2.6 * len(rows)), squeeze=False)
     for row, ((recipe, kernel, _), cell) in enumerate(rows):
         for m, ours in cell["methods"].items():
-            for i, curve in enumerate(ours["curve_seed0"]):
-                axes[row, i].plot(cell["curve_grid"], curve, lw=1, label=METHOD_LABELS[m])
+            first = ours.get("target_first", 0)  # VICReg's curve i estimates psi_(i+2): drawn in that panel
+            for i, curve in enumerate(ours["curve_seed0"][: d - first]):
+                axes[row, i + first].plot(cell["curve_grid"], curve, lw=1, label=METHOD_LABELS[m])
         for i in range(d):
             true = cell["curve_true"][i]
             ax = axes[row, i]
@@ -184,6 +210,7 @@ def make_table(table: TableConfig) -> str:
         "Budgets and settings per cell file:\n\n" + budgets(cells)
         + "\n" + main_table(table, cells)
         + "".join("\n" + goal_table(table, cells, recipe) for recipe in table.goal.split(",") if recipe)
+        + ("\n" + union_table(table, cells) if table.union else "")
         + "\nEvery extraction of the same runs (EF-MSE / EV-RAE, mean over seeds): `ordered_paper` is the paper's plain "
         "read-off, `ordered_gs` eigtrain's, `rr_paper` appendix F, `rr_generalized` eigtrain's Rayleigh-Ritz:\n\n"
         + extractions_table(table, cells)
