@@ -149,6 +149,7 @@ def test_presets_are_the_recipes():
     assert (paper.train_samples, paper.extraction_pairs, paper.rr_mode, paper.jn_readoff) == (10_000_000, "train", "paper", "paper")
     ours = apply_overrides(SyntheticConfig(), ["preset=eigtrain"]).validate()
     assert (ours.constant_mode, ours.schedule, ours.rr_mode, ours.jn_readoff, ours.steps) == ("learned", "cosine", "generalized", "gs", 30_000)
+    assert (ours.adam_beta2, ours.lr, paper.adam_beta2) == (0.99, 3e-3, 0.999)
     with pytest.raises(ValueError, match="extraction_pairs=train needs a training pool"):
         apply_overrides(SyntheticConfig(), ["extraction_pairs=train"]).validate()
 
