@@ -227,7 +227,11 @@ def test_grid_fills_a_cell_a_few_methods_at_a_time(tmp_path):
     assert list(cell["methods"]) == ["lora-jn", "rq-rr", "vicreg-rr"]
     assert cell["methods"]["lora-jn"] == first["methods"]["lora-jn"]
     vicreg = cell["methods"]["vicreg-rr"]
-    assert vicreg["target_first"] == 1 and vicreg["eigenvalues_true"] == pytest.approx(build_kernel("legendre", 6).eigenvalues[1:4].tolist(), abs=1e-5)
+    lam = build_kernel("legendre", 6).eigenvalues
+    assert vicreg["target_first"] == 1 and vicreg["eigenvalues_true"] == pytest.approx(lam[1:4].tolist(), abs=1e-5)
+    assert main(["grid", "methods=vicreg-jn", *small, f"dir={tmp_path / 'vicreg_only'}"]) == 0  # the cell's truth stays psi_1..psi_d
+    only = json.loads((tmp_path / "vicreg_only" / "legendre_r6.json").read_text())
+    assert only["eigenvalues_true"] == pytest.approx(lam[:3].tolist(), abs=1e-5) and only["curve_true"][0][0] == 1.0
     # a VICReg result stored without its target (compared with psi_1..psi_d) is superseded: retrained
     want = list(vicreg["ef_mse"])
     del cell["methods"]["vicreg-rr"]["target_first"]

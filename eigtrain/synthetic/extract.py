@@ -127,7 +127,8 @@ def evaluate(encoder, kernel: SyntheticKernel, extracted: dict[str, Extracted], 
     psi_true = kernel.eigenfunctions(a)[:, target]
     grid = torch.linspace(-1, 1, CURVE_POINTS, dtype=torch.float64).unsqueeze(1).expand(-1, kernel.input_dim)
     z_grid = encode(encoder, grid.float())
-    out = {"curve_grid": rounded(grid[:, 0]), "curve_true": rounded(kernel.eigenfunctions(grid)[:, target].T)}
+    psi_grid = kernel.eigenfunctions(grid)
+    out = {"curve_grid": rounded(grid[:, 0]), "curve_true": rounded(psi_grid[:, target].T), "curve_true_top": rounded(psi_grid[:, :d].T)}
     for name, ex in extracted.items():
         psi_hat = ex.apply(z)
         norm = psi_hat.pow(2).mean(0).sqrt().clamp_min(1e-12)

@@ -79,9 +79,10 @@ def shared_config(cfgs: list[SyntheticConfig]) -> dict:
 
 def compact(recipe: str, methods: list[str], seeds: list[int], cfgs: list[SyntheticConfig], results: list[dict], seconds: float) -> dict:
     """Every run's metrics (per seed, per function, every extraction), seed 0's curves; no histories."""
+    # the cell's truth is psi_1..psi_d (a method's own target, e.g. VICReg's psi_2.., is stored with it)
     out = {"recipe": recipe, "config": shared_config(cfgs), "seeds": seeds, "wall_seconds": round(seconds, 1),
-           "eigenvalues_true": _round(results[0]["eigenvalues_true"]), "curve_grid": results[0]["curve_grid"],
-           "curve_true": results[0]["curve_true"], "methods": {}}
+           "eigenvalues_true": _round(results[0]["eigenvalues_top"]), "curve_grid": results[0]["curve_grid"],
+           "curve_true": results[0]["curve_true_top"], "methods": {}}
     for i, method in enumerate(methods):
         runs = results[i * len(seeds) : (i + 1) * len(seeds)]
         out["methods"][method] = {

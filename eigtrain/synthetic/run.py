@@ -81,6 +81,8 @@ def run_ensemble(cfgs: list[SyntheticConfig]) -> list[dict]:
                 "curve_grid": metrics["curve_grid"],  # p = 2: the diagonal a = (t, t)
                 "curve": metrics[primary]["curve"],
                 "curve_true": metrics["curve_true"],
+                "curve_true_top": metrics["curve_true_top"],  # psi_1..psi_d, whatever the target
+                "eigenvalues_top": kernel.eigenvalues[: cfg.dim].tolist(),
                 "train_seconds": round(train_seconds, 1),
                 "ensemble_size": len(cfgs),
                 "extract_eval_seconds": round((time.perf_counter() - start) / len(index), 1),
