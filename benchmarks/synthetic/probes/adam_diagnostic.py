@@ -1,7 +1,7 @@
 """Diagnostic (benchmarks/synthetic.md, "Why learning the constant hurt"): per layer, the RMS of the current weight
 gradient vs Adam's bias-corrected sqrt(v), and each output coordinate's mean and std over inputs, every 150 steps.
 
-  OMP_NUM_THREADS=1 python benchmarks/synthetic/probes/adam_diagnostic.py objective=scl extraction=rr constant_mode=learned [adam_beta2=0.99]
+  OMP_NUM_THREADS=1 python benchmarks/synthetic/probes/adam_diagnostic.py objective=scl extraction=rr constant_mode=learned adam_beta2=0.999|0.99
 """
 import sys
 
