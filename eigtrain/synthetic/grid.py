@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eigtrain.synthetic.config import PRESETS, SyntheticConfig, apply_overrides, stored_with_defaults
-from eigtrain.synthetic.paper import METHODS
+from eigtrain.synthetic.paper import METHODS, superseded
 from eigtrain.synthetic.run import run_ensemble
 
 # eigtrain objective per method family: LoRA with one encoder on two views is SCL (unnormalized);
@@ -97,11 +97,6 @@ def compact(recipe: str, methods: list[str], seeds: list[int], cfgs: list[Synthe
             "curve_true": runs[0]["curve_true"],
         }
     return out
-
-
-def superseded(record: dict) -> bool:
-    """A VICReg result stored before its target became psi_2..psi_(d+1) (compared with psi_1..psi_d)."""
-    return record["objective"].startswith("vicreg") and "target_first" not in record
 
 
 # Keys that do not change a run's numbers: a stored cell that differs only in these is still up to date.

@@ -42,3 +42,8 @@ PAPER_TABLE = {
     }
     for key, metrics in _RAW.items()
 }
+
+
+def superseded(record: dict) -> bool:
+    """A VICReg result stored before its target became psi_2..psi_(d+1) (compared with psi_1..psi_d)."""
+    return record["objective"].startswith("vicreg") and "target_first" not in record

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eigtrain.synthetic.config import apply_overrides, stored_with_defaults
-from eigtrain.synthetic.grid import superseded
-from eigtrain.synthetic.paper import METHODS, PAPER_STEPS, PAPER_TABLE
+from eigtrain.synthetic.paper import METHODS, PAPER_STEPS, PAPER_TABLE, superseded
 
 METHOD_LABELS = {"lora-rr": "LoRA-RR", "lora-jn": "LoRA-JN", "rq-rr": "RQ-RR", "rq-jn": "RQ-JN", "vicreg-rr": "VICReg-RR", "vicreg-jn": "VICReg-JN"}
 METRICS = (("ef_mse", "EF-MSE"), ("ev_rae", "EV-RAE"))
