@@ -139,8 +139,11 @@ def test_cli_writes_json_grid_and_table(tmp_path):
     assert "LoRA-JN" in text and "0.068 ± 0.015" in text  # the paper's Legendre r=6 LoRA-JN
     assert "paper recipe" in text and "eigtrain recipe" in text and "of 6**" in text
     assert main(["table", "ranks=6", "kernels=legendre", f"dir={tmp_path}", f"out={table}", "recipes=paper", "union=eigtrain"]) == 0
-    union = table.read_text().split("with any of eigtrain: **")[1]
+    union, values = table.read_text().split("with any of eigtrain: **")[1].split("The same budgets' values")
     assert union.startswith(("0 of 6**", "1 of 6**")) and union.count("| no") + union.count("| yes (eigtrain)") == 6
+    rows = [line for line in values.splitlines() if line.startswith("| Legendre r=6 `eigtrain` |")]
+    assert len(rows) == 1 and rows[0].count(" / ") == 6 and rows[0].count("**") == 2 * union.count("| yes (eigtrain)")
+    assert "| the paper | 0.111 / 0.045 | 0.068 / 0.049 |" in values  # Legendre r=6 LoRA-RR, LoRA-JN
 
 
 def test_presets_are_the_recipes():

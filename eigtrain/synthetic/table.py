@@ -90,23 +90,24 @@ def main_table(table: TableConfig, cells: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def method_header(first: str) -> list[str]:
+    return [f"| {first} | " + " | ".join(METHOD_LABELS[m] for m in METHODS) + " |", "|---|" + "---|" * len(METHODS)]
+
+
+def kernel_ranks(table: TableConfig):
+    """The (kernel, rank) cells a table covers, in the paper's order."""
+    return ((kernel, int(rank)) for kernel in table.kernels.split(",") for rank in table.ranks.split(","))
+
+
 def goal_table(table: TableConfig, cells: dict, recipe: str = "eigtrain") -> str:
     """The goal check of one recipe's cells; methods a cell file does not hold are left out."""
-    lines = ["| Kernel | " + " | ".join(METHOD_LABELS[m] for m in METHODS) + " |", "|---|" + "---|" * len(METHODS)]
+    lines = method_header("Kernel")
     met = total = 0
-    for kernel in table.kernels.split(","):
-        for rank in (int(r) for r in table.ranks.split(",")):
-            cell = cells.get((recipe, kernel, rank))
-            if not cell:
-                continue
-            marks = []
-            for m in METHODS:
-                if m not in cell["methods"]:
-                    marks.append("—")
-                    continue
-                ok = meets_goal(cell, kernel, rank, m)
-                met, total = met + ok, total + 1
-                marks.append("yes" if ok else "no")
+    for kernel, rank in kernel_ranks(table):
+        if cell := cells.get((recipe, kernel, rank)):
+            ok = [meets_goal(cell, kernel, rank, m) for m in METHODS if m in cell["methods"]]
+            met, total = met + sum(ok), total + len(ok)
+            marks = (("yes" if meets_goal(cell, kernel, rank, m) else "no") if m in cell["methods"] else "—" for m in METHODS)
             lines.append(f"| {kernel} r={rank} | " + " | ".join(marks) + " |")
     return f"Cells meeting the goal ({recipe} recipe): **{met} of {total}**.\n\n" + "\n".join(lines) + "\n"
 
@@ -114,19 +115,38 @@ def goal_table(table: TableConfig, cells: dict, recipe: str = "eigtrain") -> str
 def union_table(table: TableConfig, cells: dict) -> str:
     """The goal check over several budgets of one recipe: each cell names the budget(s) that meet it."""
     recipes = table.union.split(",")
-    lines = ["| Kernel | " + " | ".join(METHOD_LABELS[m] for m in METHODS) + " |", "|---|" + "---|" * len(METHODS)]
+    lines = method_header("Kernel")
     met = 0
-    for kernel in table.kernels.split(","):
-        for rank in (int(r) for r in table.ranks.split(",")):
-            marks = []
-            for m in METHODS:
-                runs = [(r, cells[(r, kernel, rank)]) for r in recipes if m in cells.get((r, kernel, rank), {"methods": {}})["methods"]]
-                meeting = [r for r, cell in runs if meets_goal(cell, kernel, rank, m)]
-                met += bool(meeting)
-                marks.append(f"yes ({', '.join(meeting)})" if meeting else ("no" if runs else "not run"))
-            lines.append(f"| {kernel} r={rank} | " + " | ".join(marks) + " |")
+    for kernel, rank in kernel_ranks(table):
+        marks = []
+        for m in METHODS:
+            runs = [(r, cells[(r, kernel, rank)]) for r in recipes if m in cells.get((r, kernel, rank), {"methods": {}})["methods"]]
+            meeting = [r for r, cell in runs if meets_goal(cell, kernel, rank, m)]
+            met += bool(meeting)
+            marks.append(f"yes ({', '.join(meeting)})" if meeting else ("no" if runs else "not run"))
+        lines.append(f"| {kernel} r={rank} | " + " | ".join(marks) + " |")
     total = len(table.kernels.split(",")) * len(table.ranks.split(",")) * len(METHODS)
-    return f"Cells meeting the goal with any of {', '.join(recipes)}: **{met} of {total}**.\n\n" + "\n".join(lines) + "\n"
+    return (f"Cells meeting the goal with any of {', '.join(recipes)}: **{met} of {total}**.\n\n" + "\n".join(lines) + "\n"
+            + "\nThe same budgets' values (EF-MSE / EV-RAE, mean ± s.e. over seeds; **bold: goal met**):\n\n"
+            + union_values_table(table, cells))
+
+
+def union_values_table(table: TableConfig, cells: dict) -> str:
+    """One row per budget that ran a cell, then the paper's row: the numbers behind union_table."""
+    def value(cell: dict, kernel: str, rank: int, m: str) -> str:
+        if m not in cell["methods"]:
+            return "not run"
+        text = f"{fmt(cell['methods'][m]['ef_mse'])} / {fmt(cell['methods'][m]['ev_rae'])}"
+        return f"**{text}**" if meets_goal(cell, kernel, rank, m) else text
+
+    lines = method_header("Cell")
+    for kernel, rank in kernel_ranks(table):
+        for recipe in table.union.split(","):
+            if cell := cells.get((recipe, kernel, rank)):
+                lines.append(f"| {kernel.capitalize()} r={rank} `{recipe}` | " + " | ".join(value(cell, kernel, rank, m) for m in METHODS) + " |")
+        paper = PAPER_TABLE[(kernel, rank)]
+        lines.append("| the paper | " + " | ".join(f"{paper['ef_mse'][m][0]:.3f} / {paper['ev_rae'][m][0]:.3f}" for m in METHODS) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def extractions_table(table: TableConfig, cells: dict) -> str:
