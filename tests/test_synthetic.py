@@ -138,6 +138,8 @@ def test_cli_writes_json_grid_and_table(tmp_path):
     text = table.read_text()
     assert "LoRA-JN" in text and "0.068 ± 0.015" in text  # the paper's Legendre r=6 LoRA-JN
     assert "paper recipe" in text and "eigtrain recipe" in text and "of 6**" in text
+    assert main(["table", "ranks=6", "kernels=legendre", f"dir={tmp_path}", f"out={table}", "recipes=paper,never_run"]) == 0
+    assert "never_run recipe" not in table.read_text()  # a recipe without this cell gets no row of dashes
     assert main(["table", "ranks=6", "kernels=legendre", f"dir={tmp_path}", f"out={table}", "recipes=paper", "union=eigtrain"]) == 0
     union, values = table.read_text().split("with any of eigtrain: **")[1].split("The same budgets' values")
     assert union.startswith(("0 of 6**", "1 of 6**")) and union.count("| no") + union.count("| yes (eigtrain)") == 6
