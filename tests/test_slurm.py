@@ -6,7 +6,6 @@ Each job has 2 CPU tasks that form a gloo group. Interruptions are real Slurm si
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -55,8 +54,7 @@ def sbatch_options(*overrides: str) -> list[str]:
     return [line.removeprefix("#SBATCH ") for line in text.splitlines() if line.startswith("#SBATCH")]
 
 
-@pytest.mark.skipif(not shutil.which("sbatch"), reason="submitit's executor needs sbatch on PATH")
-def test_default_resources_follow_the_data_workers_and_bind_gpus():
+def test_default_resources_follow_the_data_workers_and_bind_gpus(slurm_cluster):  # submitit needs sbatch on PATH
     options = sbatch_options("data.num_workers=6", "launcher.gpus_per_node=8")
     assert {"--cpus-per-task=7", "--mem-per-cpu=4096M", "--gpus-per-node=8", "--gpu-bind=none",
             "--ntasks-per-node=8"} <= set(options)
