@@ -63,7 +63,10 @@ def slurm_cluster():
     with _locked():
         if _users(add=os.getpid()) == {os.getpid()}:  # first user: remember whether we start it
             (CLUSTER_DIR / "fixture.started").write_text("0" if _is_up(conf) else "1")
-        run = subprocess.run(["bash", str(SCRIPT), "start", str(CLUSTER_DIR)], capture_output=True, text=True)
+        # OMP_NUM_THREADS=1 as many users' shells have it: the node must still declare every CPU (GNU nproc
+        # answers OMP_NUM_THREADS, and a node of 1 CPU never starts a 2-task job)
+        run = subprocess.run(["bash", str(SCRIPT), "start", str(CLUSTER_DIR)], capture_output=True, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
         if run.returncode != 0:
             _users(remove=os.getpid())
             pytest.fail(f"tools/slurm_local.sh start failed ({run.returncode}):\n{run.stderr[-4000:]}")

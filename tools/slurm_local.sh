@@ -47,7 +47,8 @@ start_munge() {
 
 write_conf() {
   mkdir -p "$dir/state" "$dir/spool" "$dir/log"
-  local cpus; cpus=$(nproc)
+  # the machine's CPUs: GNU nproc would otherwise answer OMP_NUM_THREADS (a job asking 2 CPUs never starts)
+  local cpus; cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
   # the node's memory (MB), as a real site declares it, so that jobs may ask for --mem / --mem-per-cpu
   local mem_mb; mem_mb=$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
   # linuxproc/task none: no cgroups needed (containers). JobRequeue=1: batch jobs are requeueable.
