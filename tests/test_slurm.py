@@ -133,6 +133,20 @@ def test_dead_rank_ends_the_job_with_its_error(slurm_cluster, tmp_path):
     assert time.monotonic() - start < 60
 
 
+def killed_job() -> None:
+    os.kill(os.getpid(), 9)  # as the OOM killer would: no Python error, no result file
+
+
+@pytest.mark.slow
+def test_killed_tasks_are_named_with_slurms_reason_and_how_srun_ended_them(slurm_cluster, tmp_path):
+    job = submit(launcher(tmp_path / "slurm", max_requeues=0), killed_job)
+    with pytest.raises(JobFailedError) as failure:
+        wait(job, poll_s=0.5, timeout_s=90)
+    message = str(failure.value)
+    assert f"Slurm job {job.job_id} ended (FAILED, NonZeroExitCode, exit " in message, message
+    assert "task 0: no result; srun: Killed" in message and "task 1: no result; srun: Killed" in message, message
+
+
 # ------------------------------------------------------------------------------------------------
 # Requeue: a job that checkpoints its progress and resumes from it, like the trainer
 
@@ -189,12 +203,17 @@ def signal_after(job, out: Path, step: int, timeout_s: float = 60) -> int:
 
 
 def release_requeued(job, timeout_s: float = 60) -> None:
-    """Slurm holds a requeued job for ~2 minutes (Reason=BeginTime); let it start now."""
+    """Slurm holds a requeued job for ~2 minutes (Reason=BeginTime); let it start in 2 s instead.
+
+    Not at once: slurmd revokes the killed run's credential at a time in whole seconds, and a run
+    started within that same second gets "Job credential revoked" and the job ends FAILED (seen on a
+    loaded CI machine). Slurm's own hold exists for this reason; 2 s is enough on one node.
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         shown = subprocess.run(["scontrol", "show", "job", "-o", job.job_id], capture_output=True, text=True).stdout
         if "Reason=BeginTime" in shown:
-            subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True)
+            subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now+2"], check=True)
             return
         time.sleep(0.2)
     raise AssertionError(f"job {job.job_id} was not requeued; logs in {job.paths.folder}")
