@@ -144,7 +144,7 @@ class RequeueableCall(submitit.helpers.Checkpointable):
             _only_in_this_process(requeue_signal)
         result = self.fn(*args, **kwargs)
         if self.save_on_signal and dist.stopped():  # the trainer saved at a step boundary and returned
-            self._leave_after_save()
+            self._leave_after_save(_where(result))
         return result
 
     def checkpoint(self, *args, **kwargs):
@@ -155,11 +155,11 @@ class RequeueableCall(submitit.helpers.Checkpointable):
             return None  # submitit then ends the job as not completed
         return super().checkpoint(*args, **kwargs)
 
-    def _leave_after_save(self) -> None:
+    def _leave_after_save(self, where: str) -> None:
         # Leave through SystemExit, not an exception or a return: submitit then writes no result, so
         # whoever waits on the job keeps waiting for the run that continues training.
         if not dist.requeue_requested():  # SIGTERM: preempted (Slurm requeues it), cancelled or out of time
-            print("saved on SIGTERM; the job comes back only if Slurm requeues it", file=sys.stderr, flush=True)
+            print(f"saved{where} on SIGTERM; the job comes back only if Slurm requeues it", file=sys.stderr, flush=True)
             sys.exit(-1)
         if restart_count() >= self.max_requeues:  # the same answer on every rank: all of them end
             raise RuntimeError(f"stopped on signal and saved, but not requeued: already requeued "
@@ -170,8 +170,15 @@ class RequeueableCall(submitit.helpers.Checkpointable):
             time.sleep(600)  # rank 0 requeues; Slurm then stops this task
             sys.exit(-1)
         subprocess.check_call(["scontrol", "requeue", env.job_id], timeout=60)
-        print(f"saved on signal and requeued job {env.job_id}", file=sys.stderr, flush=True)
+        print(f"saved{where} on signal and requeued job {env.job_id}", file=sys.stderr, flush=True)
         sys.exit(-1)
+
+
+def _where(result) -> str:
+    """' step N' when the function returned its step (as eigtrain.train.run does), so the log says where
+    the requeued run must resume."""
+    step = result.get("step") if isinstance(result, Mapping) else None
+    return f" step {step}" if isinstance(step, int) else ""
 
 
 def _only_in_this_process(signum: int) -> None:
