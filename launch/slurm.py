@@ -265,7 +265,7 @@ def _failed_tasks(job: submitit.Job) -> list[tuple[int, str, Path]]:
 
 
 def _ending(job_id: str) -> str:
-    """State, reason and exit code as slurmctld tells them, e.g. 'FAILED, NonZeroExitCode, exit 0:9'."""
+    """State, reason and exit code as slurmctld tells them, e.g. 'FAILED, NonZeroExitCode, exit 137:0'."""
     fields = _job_fields(job_id)
     if not fields:
         return "forgotten by slurmctld"
@@ -308,15 +308,16 @@ def _task_set(spec: str) -> set[int]:
 def _failure_report(job: submitit.Job, what: str) -> str:
     # Every failed task's last line: the rank that died first is among them, next to the ranks
     # that only saw their peer disappear. A task with no result at all (killed: OOM, a signal, a
-    # node failure) is named with its log's last line, which is where srun/slurmstepd say why.
+    # node failure) is named with how srun says it ended.
     lines = [f"Slurm job {job.job_id} {what}"]
     failed = _failed_tasks(job)
     for i, trace, log in failed:
         last = trace.strip().splitlines()[-1] if trace.strip() else "(no traceback)"
         lines.append(f"  task {i}: {last}  (log: {log})")
+    failed_ids = {i for i, _, _ in failed}
     for i in range(job.num_tasks):
         task = job.task(i) if job.num_tasks > 1 else job
-        if i not in {f[0] for f in failed} and not task.paths.result_pickle.exists():
+        if i not in failed_ids and not task.paths.result_pickle.exists():
             lines.append(f"  task {i}: no result; {_how_task_ended(job, i)}  (log: {task.paths.stderr})")
     lines.append(f"logs: {job.paths.folder}")
     return "\n".join(lines)

@@ -45,6 +45,12 @@ def test_launcher_config_defaults_and_errors():
             world_size(cfg)
 
 
+def test_srun_task_ranges_are_read_as_srun_writes_them():
+    from eigtrain.launch.slurm import _task_set
+
+    assert _task_set("1") == {1} and _task_set("0-1") == {0, 1} and _task_set("0-2,5,7-8") == {0, 1, 2, 5, 7, 8}
+
+
 def sbatch_options(*overrides: str) -> list[str]:
     """The #SBATCH lines eigtrain-train would submit for these overrides (submitit writes them)."""
     from eigtrain.launch.slurm import make_executor
