@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -43,6 +44,19 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
+def _import_wandb(mode: str, path: Path):
+    """The wandb module, or None when disabled or not installed (the offline GPU machine has none: warn once)."""
+    if mode == "disabled":
+        return None
+    try:
+        import wandb
+    except ImportError:
+        logging.getLogger(__name__).warning(
+            "logging.wandb.mode=%s but wandb is not installed: logging to %s only", mode, path)
+        return None
+    return wandb
+
+
 class MetricsLog:
     """One JSON object per logged step in ``run_dir/metrics.jsonl`` (+ wandb when enabled)."""
 
@@ -54,9 +68,8 @@ class MetricsLog:
         mode = wandb_cfg.get("mode", "offline")
         if mode not in WANDB_MODES:
             raise ValueError(f"logging.wandb.mode={mode!r} is not known; allowed: {', '.join(WANDB_MODES)}")
-        if mode != "disabled":
-            import wandb
-
+        wandb = _import_wandb(mode, self.path)
+        if wandb is not None:
             self._wandb = wandb.init(
                 project=wandb_cfg.get("project", "eigtrain"), entity=wandb_cfg.get("entity"), name=wandb_cfg.get("name"),
                 id=run_id, resume="allow", mode=mode, dir=str(run_dir), config=dict(config),
