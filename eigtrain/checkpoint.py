@@ -26,6 +26,7 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
+OWNER = ".eigtrain-checkpoint"  # written first into every step directory: only those are ever deleted
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -61,35 +62,84 @@ def _sync(f) -> None:
     os.fsync(f.fileno())
 
 
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)  # a directory too: fsync makes its entries (new files, renames) durable
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync every file under ``path``, then every directory (deepest first) and ``path``'s parent, so that after
+    a crash what the directories list is on disk whole (the engines' own writers, DeepSpeed's included, do not)."""
+    path = Path(path)
+    dirs = [path.parent, path]
+    for p in sorted(path.rglob("*")):
+        if p.is_dir():
+            dirs.append(p)
+        elif p.is_file():
+            _fsync_path(p)
+    for d in reversed(dirs):
+        _fsync_path(d)
+
+
 def mark_complete(path: Path, info: Mapping[str, Any]) -> None:
-    """Write the marker atomically (temp file, fsync, rename) so it is either absent or whole."""
+    """Write the marker atomically (temp file, fsync, rename, directory fsync) so it is either absent or whole.
+    Call it only once the checkpoint's own files are durable (`fsync_tree`)."""
     tmp = Path(path) / f".{MARKER}.tmp"
     with open(tmp, "w") as f:
         json.dump(dict(info), f)
         _sync(f)
     os.replace(tmp, Path(path) / MARKER)
+    _fsync_path(Path(path))
+
+
+def is_ours(path: Path) -> bool:
+    """Whether eigtrain wrote this step directory: its ownership file (written first) or its marker (last)."""
+    return (Path(path) / OWNER).is_file() or is_complete(path)
+
+
+def _claim_step_dir(path: Path) -> str:
+    """Make ``path`` for a save, after deleting a stale partial save of this step (eigtrain's: nothing is complete
+    there); '' when done, or why not: a directory of that name that eigtrain did not write is left alone."""
+    if path.exists() and not is_ours(path):
+        return (f"{path} exists and was not written by eigtrain (no {OWNER} or {MARKER} in it): refusing to replace "
+                f"it; move it out of {path.parent}")
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    (path / OWNER).write_text("written by eigtrain's Checkpointer\n")
+    return ""
+
+
+def _delete(paths: list[Path]) -> list[Path]:
+    """Delete the step directories eigtrain wrote; warn about (and keep) any other."""
+    deleted = []
+    for p in paths:
+        if is_ours(p):
+            shutil.rmtree(p, ignore_errors=True)
+            deleted.append(p)
+        else:
+            log.warning("%s was not written by eigtrain (no %s or %s in it): left as it is", p, OWNER, MARKER)
+    return deleted
 
 
 def prune(root: Path, keep_last: int) -> list[Path]:
     """Delete all but the newest ``keep_last`` complete checkpoints, and any incomplete directory
-    (a save that died) older than the newest complete one. Returns what was deleted."""
+    (a save that died) older than the newest complete one; only directories eigtrain wrote. Returns what was
+    deleted."""
     done = complete_checkpoints(root)
     if not done:
         return []
     newest = done[-1][0]
     doomed = [p for _, p in done[: max(0, len(done) - keep_last)]] if keep_last > 0 else []
     doomed += [p for s, p in _step_dirs(root) if s < newest and not is_complete(p)]
-    for p in doomed:
-        shutil.rmtree(p, ignore_errors=True)
-    return doomed
+    return _delete(doomed)
 
 
 def remove_incomplete(root: Path) -> list[Path]:
-    """Delete every directory without the marker (left by a killed run; never resumed from)."""
-    stale = [p for _, p in _step_dirs(root) if not is_complete(p)]
-    for p in stale:
-        shutil.rmtree(p, ignore_errors=True)
-    return stale
+    """Delete every directory eigtrain wrote without the marker (left by a killed run; never resumed from)."""
+    return _delete([p for _, p in _step_dirs(root) if not is_complete(p)])
 
 
 # -- per-rank random state -------------------------------------------------------------------------
@@ -158,19 +208,22 @@ class Checkpointer:
 
     def save(self, step: int, trainer_state: Mapping[str, Any], rank_state: Mapping[str, Any]) -> Path:
         path = step_dir(self.root, step)
-        if self.rank == 0:
-            shutil.rmtree(path, ignore_errors=True)  # a stale partial save of this step (nothing is complete there)
-            path.mkdir(parents=True)
-        _barrier()
+        from eigtrain.dist import broadcast_object
+
+        # Rank 0 makes the directory; the others wait for its answer (a refusal stops every rank, none hangs).
+        refused = broadcast_object(_claim_step_dir(path) if self.rank == 0 else None)
+        if refused:
+            raise FileExistsError(refused)
         self.engine.save(path, client_state=trainer_state)
         with open(path / f"rank-{self.rank}.pt", "wb") as f:
             torch.save(dict(rank_state), f)
-            _sync(f)
         if self.rank == 0:
             with open(path / "trainer.json", "w") as f:
                 json.dump(dict(trainer_state), f, indent=1)
-                _sync(f)
-        _barrier()  # every rank finished writing
+        # Each rank flushes what it wrote (a shared filesystem syncs a file from the node that wrote it), then
+        # the directories: only then may the marker say "complete".
+        fsync_tree(path)
+        _barrier()  # every rank finished writing, durably
         if self.rank == 0:
             mark_complete(path, {"step": step, "world_size": self.world_size})
             prune(self.root, self.keep_last)
