@@ -31,6 +31,7 @@ import torch
 from . import retrieval
 from .dist import resolve_env, select_device
 from .objectives.nesting import mrl_prefixes
+from .output_dirs import EVAL_ENTRIES, check_output_dir
 
 F32 = torch.float32
 
@@ -228,8 +229,10 @@ def _retrieval_report(train, test, train_y, test_y, dims, prefixes, fixed, subse
 
 
 def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> dict[str, Path]:
-    """Markdown + CSV table laid out like the paper's appendix tables, a JSON dump, and the PNG plot."""
+    """Markdown + CSV table laid out like the paper's appendix tables, a JSON dump, and the PNG plot; `out_dir` must
+    be new, empty or an earlier report's (its files are replaced; anything else there is refused)."""
     out = Path(out_dir)
+    check_output_dir(out, EVAL_ENTRIES, "out")
     out.mkdir(parents=True, exist_ok=True)
     dims, acc = report["dims"], report["accuracy"]
     probe_note = "linear probe, SGD 50 epochs" if report["probe"] == "sgd" else "closed-form ridge probe (faster, not the paper's SGD probe)"

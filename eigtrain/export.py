@@ -15,10 +15,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .rayleigh_ritz import RRResult
+from .redact import redact_config
 
 TENSORS = "rr.safetensors"
 MANIFEST = "manifest.json"
 DECAY_PLOT = "eigenvalues.png"
+EXPORT_FILES = (TENSORS, MANIFEST, DECAY_PLOT)
+EXPORT_FORMAT = "eigtrain-rr-export-v1"  # manifest["format"]: the positive mark of a directory eigtrain-rr wrote
+_LEGACY_KEYS = {"source", "n", "mode", "dim", "num_features", "tensors"}  # manifests written before the mark
 
 
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -38,26 +42,70 @@ def files_sha256(directory: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def save_export(result: RRResult, out_dir: str | os.PathLike, source: dict, plot: bool = True) -> Path:
-    """Write the export; `source` describes what was reduced (kind, path, sha256, ...). The directory appears
-    only when complete: it is written beside its final place and renamed (an older export there is replaced)."""
+class ExportTargetError(FileExistsError, ValueError):
+    """`out=` names something eigtrain must not replace: the message says what and how to proceed."""
+
+
+def is_export(path: str | os.PathLike) -> bool:
+    """Whether `path` is a directory eigtrain-rr wrote: its manifest carries eigtrain's format tag (or, for
+    exports made before the tag, its keys) and it holds nothing but the export's own files."""
+    path = Path(path)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        names = {p.name for p in path.iterdir()}
+    except (OSError, ValueError):
+        return False
+    own = manifest.get("format") == EXPORT_FORMAT if isinstance(manifest, dict) else False
+    legacy = isinstance(manifest, dict) and _LEGACY_KEYS <= manifest.keys() and TENSORS in names
+    return (own or legacy) and names <= set(EXPORT_FILES)
+
+
+def check_export_target(out_dir: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse (ExportTargetError, one line) an `out=` that is not free: anything but a missing path, an empty
+    directory or -- with overwrite=true -- an earlier export. Called before any work and again on saving."""
     out = Path(out_dir)
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+        return
+    if not is_export(out) or out.is_symlink():
+        raise ExportTargetError(f"out={out} exists and is not an eigtrain-rr export: refusing to replace it "
+                                f"(nothing was changed there); choose a new or empty directory")
+    if not overwrite:
+        raise ExportTargetError(f"out={out} already holds an eigtrain-rr export; pass overwrite=true to replace it")
+
+
+def save_export(result: RRResult, out_dir: str | os.PathLike, source: dict, plot: bool = True,
+                overwrite: bool = False) -> Path:
+    """Write the export; `source` describes what was reduced (kind, path, sha256, ...; URLs are redacted). The
+    directory appears only when complete: it is written beside its final place and renamed into it. An earlier
+    export there is replaced only with `overwrite` (and removed only once the new one is in place); anything
+    else there is refused (`check_export_target`)."""
+    out = Path(out_dir)
+    check_export_target(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         _write_export(result, staging, source, plot)
         staging.chmod(0o755)  # mkdtemp makes it private
-        if out.exists():
+        if out.exists() and any(out.iterdir()):
             old = out.with_name(f".{out.name}.{os.getpid()}.old")
             out.rename(old)
             staging.rename(out)
-            shutil.rmtree(old)
+            _remove_export(old)
         else:
-            staging.rename(out)
+            staging.rename(out)  # a missing path, or an empty directory (replaced by the rename)
     finally:
         if staging.exists():
-            shutil.rmtree(staging)
+            shutil.rmtree(staging)  # made by mkdtemp above: wholly this call's
     return out
+
+
+def _remove_export(path: Path) -> None:
+    """Delete an export directory eigtrain wrote: its own files only (rmdir fails on anything else)."""
+    for name in EXPORT_FILES:
+        (path / name).unlink(missing_ok=True)
+    path.rmdir()
 
 
 def _write_export(result: RRResult, out: Path, source: dict, plot: bool) -> None:
@@ -66,7 +114,8 @@ def _write_export(result: RRResult, out: Path, source: dict, plot: bool) -> None
         tensors.update(right_transform=result.right_transform, right_mean=result.right_mean)
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(out / TENSORS))
     manifest = {
-        "source": source,
+        "format": EXPORT_FORMAT,
+        "source": redact_config(source),
         "n": result.n,
         "mode": result.mode,
         "dim": int(result.transform.shape[0]),

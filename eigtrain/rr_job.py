@@ -1,6 +1,6 @@
 """eigtrain-rr: one distributed pass of Rayleigh-Ritz, then an ordered-embedding export.
 
-    eigtrain-rr run_dir=DIR [split=train] [mode=generalized] [center=false] [out=DIR]
+    eigtrain-rr run_dir=DIR [split=train] [mode=generalized] [center=false] [out=DIR] [overwrite=false]
     eigtrain-rr checkpoint=DIR/step-N ...
     eigtrain-rr embeddings=FILE.npz out=DIR      # black-box embeddings: arrays z1, z2 (N x d) of positive pairs
     eigtrain-rr embeddings=DIR out=DIR           # the same, streamed from chunks (see eigtrain.embedding_files)
@@ -10,7 +10,8 @@
 Every sample is read exactly once across ranks and workers, accumulated in float64, reduced once at the
 end, and the total count is checked against the shard index (or the files' row count). Runs as one
 process, under torchrun, or on Slurm with the project's launcher (the rank comes from eigtrain.dist).
-The export directory appears only when complete (written beside it, then renamed).
+The export directory appears only when complete (written beside it, then renamed). `out=` must be new, empty, or
+(with overwrite=true) an earlier eigtrain-rr export; anything else there is refused and left untouched.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from . import dist as edist
 from . import embedding_files
 from .cli import compose_dataclass
 from .data.augment import PRESETS
-from .export import file_sha256, files_sha256, save_export
+from .export import check_export_target, file_sha256, files_sha256, save_export
 from .rayleigh_ritz import MODES, RRAccumulator, solve
 
 
@@ -62,6 +63,7 @@ class RRJobConfig:
     checkpoint: str | None = None
     embeddings: str | None = None
     out: str | None = None
+    overwrite: bool = False  # replace an earlier eigtrain-rr export at out= (anything else there is refused)
     mode: str = "generalized"
     center: bool = False
     ridge: float = 0.0
@@ -119,6 +121,8 @@ def select_device(cfg: RRJobConfig, env) -> torch.device:
 def run(cfg: RRJobConfig) -> dict:
     env = edist.init_distributed()
     pairs = cfg.mode == "svd"
+    if cfg.out or cfg.run_dir:  # before any work: never replace what eigtrain-rr did not write
+        check_export_target(Path(cfg.out or Path(cfg.run_dir) / "rr"), cfg.overwrite)
     if cfg.embeddings:
         acc, expected = reduce_embeddings(cfg.embeddings, pairs, env.rank, env.world_size)
         path = Path(cfg.embeddings)
@@ -141,7 +145,8 @@ def run(cfg: RRJobConfig) -> dict:
     result = solve(acc, cfg.mode, center=cfg.center, ridge=cfg.ridge)
     summary = {"out": str(out), "n": acc.n, "mode": cfg.mode, "eigenvalues": [round(float(v), 6) for v in result.eigenvalues[:16]]}
     if env.rank == 0:
-        save_export(result, out, {**source, "split": cfg.split if not cfg.embeddings else None, "center": cfg.center})  # atomic
+        save_export(result, out, {**source, "split": cfg.split if not cfg.embeddings else None, "center": cfg.center},
+                    overwrite=cfg.overwrite)  # atomic
         print(json.dumps(summary, indent=1))
     edist.barrier()
     return summary

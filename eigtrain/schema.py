@@ -74,7 +74,7 @@ class DataConfig:
     image_fit: str = "cover"
     shuffle_block: int = 1000
     mix_shards: int = 8
-    decode: str = "auto"
+    decode: str = "cpu"  # auto | cpu | cuda: cpu until a GPU run shows nvJPEG bit-identical to it
     pin_memory: Optional[bool] = None
     prefetch_factor: Optional[int] = 2
     persistent_workers: bool = False

@@ -31,6 +31,7 @@ from eigtrain.metrics_log import MetricsLog, Progress, Throughput, stable_run_id
 from eigtrain.models import build_encoder, use_sync_batch_norm
 from eigtrain.monitor import build_monitor
 from eigtrain.objectives import build_objective
+from eigtrain.output_dirs import claim_run_dir
 
 CONFIG_PACKAGE = "eigtrain.configs"  # configs/ of the repository, shipped inside the package (pyproject.toml)
 log = logging.getLogger("eigtrain.train")
@@ -95,6 +96,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, micro_batch: int, accum: int) -> dict[str, Any]:
     rank, world, rank0, data, pairs = env.rank, env.world_size, env.rank == 0, cfg.data, cfg.data.mode == "pairs"
     run_dir = Path(cfg.run_dir)
+    refused = dist.broadcast_object(claim_run_dir(run_dir) if rank0 else None)  # before anything is written there
+    if refused:
+        raise ConfigError(refused)
     x_shape, a_shape = prepare_data(data, rank, cache_dir=run_dir / "data")
     ckpt.seed_all(cfg.seed)  # the same initial weights on every rank
     model = build_encoder(cfg.model, cfg.dim, x_shape, a_shape)

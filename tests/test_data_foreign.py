@@ -20,6 +20,7 @@ from PIL import Image
 
 from eigtrain.config_check import ConfigError, validate
 from eigtrain.data import CorruptDataError, ShardError, ShardStream
+from eigtrain.data import gpu_decode
 from eigtrain.data.gpu_decode import choose_jpeg_device
 from eigtrain.data.write import main as shards_cli
 
@@ -230,11 +231,11 @@ def test_config_checks_name_the_key(tmp_path):
 def test_jpeg_decode_device_selection(monkeypatch):
     assert choose_jpeg_device("auto", "cpu") is None  # no CUDA: the workers decode
     assert choose_jpeg_device("cpu", "cpu") is None
-    with pytest.raises(ValueError, match="data.decode=cuda needs a run on a CUDA device"):
+    with pytest.raises(ValueError, match="data.decode=cuda needs .* the run is not on a CUDA device"):
         choose_jpeg_device("cuda", "cpu")
     with pytest.raises(ValueError, match="data.decode='gpu' is not allowed"):
         choose_jpeg_device("gpu", "cpu")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_decode, "nvjpeg_problem", lambda device: None)  # the probe decode succeeded
     assert choose_jpeg_device("auto", "cuda:1") == torch.device("cuda:1")
     assert choose_jpeg_device("cpu", "cuda:1") is None
 

@@ -210,9 +210,13 @@ def collate(samples: list[dict], corrupt: list[Corrupt], spec: DecodeSpec) -> di
     }
     if spec.mode == "views":
         if spec.defer_jpeg:  # finished in the main process (eigtrain.data.gpu_decode.finish_batch)
-            batch["image"] = [s["image"] for s in samples]
-            batch["size"] = [s["size"] for s in samples]
-            batch["url"] = [s.get("url") for s in samples]  # names the shard of an image nvJPEG rejects
+            at = [i for i, s in enumerate(samples) if isinstance(s["image"], bytes)]
+            done = [s for s in samples if not isinstance(s["image"], bytes)]
+            # Decoded images (PNG...) are stacked here, so the main process copies them to the device at once.
+            batch["image"] = _stack([s["image"] for s in done], "image", spec.empty_image_shape, torch.uint8)
+            batch["size"] = [s["size"] for s in done]
+            batch["jpeg"], batch["jpeg_at"] = [samples[i]["image"] for i in at], at
+            batch["url"] = [samples[i].get("url") for i in at]  # names the shard of an image nvJPEG rejects
             return batch
         batch["image"] = _stack([s["image"] for s in samples], "image", spec.empty_image_shape, torch.uint8)
         if spec.fit == "whole" and spec.image_size is not None:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..redact import redact_url
 from .decode import FITS
 from .gpu_decode import DECODE_CHOICES, choose_jpeg_device
 from .index import INDEX_NAME, read_index
@@ -33,11 +34,43 @@ def uses_shards(data) -> bool:
     return bool(data.get("shards"))
 
 
+VAL_SPLIT = "val"
+NO_VAL_SHARDS = ("split 'val' of data trained from data.shards needs held-out shards: give data.val_shards=PATTERN "
+                 "(a pattern or list, read like data.shards); the training shards are never scored as validation")
+
+
+def split_shards(data, split: str) -> tuple[str, Any]:
+    """(key, shards) of `split` in a data.shards config: its training split (data.split) is data.shards, split
+    'val' is data.val_shards, held out from data.shards. Anything else is a `DataConfigError` naming the key."""
+    if split == data.get("split", "train"):
+        return "data.shards", data.get("shards")
+    if split != VAL_SPLIT:
+        raise DataConfigError(f"split {split!r} does not exist for data.shards: data.shards is split "
+                              f"{data.get('split', 'train')!r} and data.val_shards split {VAL_SPLIT!r}")
+    if not data.get("val_shards"):
+        raise DataConfigError(NO_VAL_SHARDS)
+    shared = set(expand_shards(_listed(data.get("shards")))) & set(expand_shards(_listed(data.get("val_shards"))))
+    if shared:
+        raise DataConfigError(f"data.val_shards shares {len(shared)} shard(s) with data.shards, e.g. "
+                              f"{redact_url(min(shared))}: validation shards must be held out from training")
+    return "data.val_shards", data.get("val_shards")
+
+
+def split_source(data, split: str) -> str:
+    """Where `split` comes from, for reports (URLs without credentials): the key and its pattern, or the
+    split of the eigtrain shard directory."""
+    if not uses_shards(data):
+        return f"split {split!r} of data.root={data.root}"
+    key, shards = split_shards(data, split)
+    shards = _listed(shards)
+    return f"{key}={redact_url(shards) if isinstance(shards, str) else [redact_url(s) for s in shards]}"
+
+
 def check_data(data, world_size: int, per_rank_batch: int) -> None:
     """Key values, and the data against the job where it is cheap to know (local files, an existing index)."""
     if data.get("image_fit", "cover") not in FITS:
         raise DataConfigError(f"data.image_fit={data.image_fit!r} is not allowed; allowed: {', '.join(FITS)}")
-    if data.get("decode", "auto") not in DECODE_CHOICES:
+    if data.get("decode", "cpu") not in DECODE_CHOICES:
         raise DataConfigError(f"data.decode={data.decode!r} is not allowed; allowed: {', '.join(DECODE_CHOICES)}")
     for key, low in (("mix_shards", 1), ("prefetch_factor", 1), ("shuffle_block", 0), ("num_workers", 0)):
         value = data.get(key)
@@ -48,9 +81,11 @@ def check_data(data, world_size: int, per_rank_batch: int) -> None:
             raise DataConfigError("data.shards needs data.image_size (images of any size are brought to it in the "
                                   "workers; image_fit=whole keeps the whole image for the random crops)")
         urls = expand_shards(_listed(data.shards))
-        missing = [u for u in urls if (p := local_path(u)) is not None and not p.is_file()]
-        if missing:
-            raise DataConfigError(f"{len(missing)} of the {len(urls)} shards of data.shards do not exist, e.g. {missing[0]}")
+        for key, listed in (("data.shards", urls), ("data.val_shards", _val_urls(data))):
+            missing = [u for u in listed if (p := local_path(u)) is not None and not p.is_file()]
+            if missing:
+                raise DataConfigError(f"{len(missing)} of the {len(listed)} shards of {key} do not exist, e.g. "
+                                      f"{missing[0]}")
         try:  # counts from an index only (never a scan here); without one the stream checks at start-up
             counts = known_counts(urls, data.get("shard_index"), float(data.get("io_timeout_s", 60)))
         except (OSError, ValueError, KeyError):
@@ -58,11 +93,26 @@ def check_data(data, world_size: int, per_rank_batch: int) -> None:
         if all(u in counts for u in urls):
             _check_batches(sum(counts[u] for u in urls), "data.shards", data, world_size, per_rank_batch)
         return
+    if data.get("val_shards"):
+        raise DataConfigError("data.val_shards goes with data.shards; with data.root the validation data is the "
+                              "split 'val' of its index")
     root = Path(data.root)
     if not (root / INDEX_NAME).is_file():
         return  # written later (write_if_missing) or reported by the stream with the command that writes it
     _check_batches(read_index(root).num_samples(data.split), f"split {data.split!r} of {root}", data, world_size,
                    per_rank_batch)
+
+
+def _val_urls(data) -> list[str]:
+    """The URLs of data.val_shards (checked held out from data.shards); none when it is not set."""
+    return expand_shards(_listed(split_shards(data, VAL_SPLIT)[1])) if data.get("val_shards") else []
+
+
+def check_splits(data, splits) -> None:
+    """Each of `splits` exists for this data config (cheap: no shard is read); `DataConfigError` naming the key."""
+    if uses_shards(data):
+        for split in splits:
+            split_shards(data, split)
 
 
 def _check_batches(samples: int, where: str, data, world_size: int, per_rank_batch: int) -> None:
@@ -127,10 +177,11 @@ def build_stream(data, *, batch_size: int, rank: int, world_size: int, seed: int
         pin_memory=device.type == "cuda" if pin is None else bool(pin), prefetch_factor=data.get("prefetch_factor", 2),
         persistent_workers=bool(data.get("persistent_workers", False)), image_fit=data.get("image_fit", "cover"),
         mix_shards=data.get("mix_shards", 8), io_timeout_s=float(data.get("io_timeout_s", 60)),
-        jpeg_device=choose_jpeg_device(data.get("decode", "auto"), device) if data.mode == "views" else None,
+        jpeg_device=choose_jpeg_device(data.get("decode", "cpu"), device) if data.mode == "views" else None,
     )
     if uses_shards(data):
-        return ShardStream(shards=_listed(data.shards), image_key=_listed(data.get("image_key")),
+        key, shards = split_shards(data, common["split"])
+        return ShardStream(shards=_listed(shards), shards_key=key, image_key=_listed(data.get("image_key")),
                            label_key=data.get("label_key"), x_key=_listed(data.get("x_key")),
                            a_key=_listed(data.get("a_key")), cache_dir=cache_dir,
                            shard_index=data.get("shard_index"), **common)

@@ -36,7 +36,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from . import plan
 from .decode import FITS, IMAGE_EXTS, Corrupt, DecodeSpec, collate, decode_sample, parse_keys
 from .index import read_index
-from .shards import DEFAULT_TIMEOUT_S, complete_samples, expand_shards, local_path, open_url, shard_counts
+from .shards import (DEFAULT_TIMEOUT_S, PermanentShardError, complete_samples, expand_shards, local_path, open_url,
+                     shard_counts)
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,9 @@ class ShardStream:
 
     Foreign shards: ``ShardStream(shards="https://host/train-{000000..000146}.tar", label_key="cls",
     image_size=256, image_fit="whole", cache_dir=RUN_DIR/"data", ...)``. `shards` is a brace pattern or a list
-    of patterns/URLs (read in that order; `split` is then only a name); their sample counts come from
+    of patterns/URLs (read in that order) holding exactly the split `split` (a config picks them by split:
+    data.shards or data.val_shards, `eigtrain.data.from_config.split_shards`; `shards_key` names them in
+    messages); their sample counts come from
     `shard_index` (a wids index), an index next to the shards, or a one-time scan cached in `cache_dir`.
     Fields: `image_key` (member-name alternatives, default ``jpg;jpeg;png;webp``, or ``x.*`` / ``a.*`` in
     pairs mode: `x_key`, `a_key`, an ``.npy`` member being a vector), `label_key` (``cls``, ``json:FIELD`` or
@@ -124,6 +127,7 @@ class ShardStream:
         io_timeout_s: float = DEFAULT_TIMEOUT_S,
         persistent_workers: bool = False,
         jpeg_device=None,
+        shards_key: str = "data.shards",
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -168,7 +172,7 @@ class ShardStream:
         else:
             self.root, self.index = None, None
             urls = expand_shards(shards)
-            self.where = f"data.shards ({len(urls)} shards, {urls[0]} ...)"
+            self.where = f"{shards_key} ({len(urls)} shards, {urls[0]} ...)"
             counts = shard_counts(urls, cache_dir, shard_index, io_timeout_s)
             self.shards = list(zip(urls, counts))
             if sum(counts) == 0:
@@ -251,14 +255,21 @@ class ShardStream:
         if self.num_workers == 0:
             batches = iter(dataset)
         else:
-            batches = iter(DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
-                                      pin_memory=self.pin_memory, prefetch_factor=self.prefetch_factor,
-                                      persistent_workers=self.persistent_workers))
-        for batch in batches:
-            if self.jpeg_device is not None:
-                from .gpu_decode import finish_batch
+            # every read is bounded by io_timeout_s; this bounds the rest (a worker that stalls elsewhere), and is
+            # longer than the slowest batch bounded reads allow: each of mix_shards readers stalling every attempt
+            timeout = self.io_timeout_s * (self.mix_shards * (NETWORK_RETRIES + 1) + 2)
+            loader = DataLoader(dataset, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory,
+                                prefetch_factor=self.prefetch_factor, persistent_workers=self.persistent_workers,
+                                timeout=timeout)
+            batches = _named_timeout(iter(loader), self.where, timeout)
+        decoder = None
+        if self.jpeg_device is not None:
+            from .gpu_decode import JpegDecoder, finish_batch
 
-                batch = finish_batch(batch, self.spec, self.jpeg_device)
+            decoder = JpegDecoder(self.jpeg_device)
+        for batch in batches:
+            if decoder is not None:
+                batch = finish_batch(batch, self.spec, self.jpeg_device, decoder)
             self._count_corrupt(batch.pop("corrupt"))
             self._batches += 1
             yield batch
@@ -402,6 +413,17 @@ class _WorkerPipeline(IterableDataset):
                 readers.pop(i).close()  # release the file or connection now, not at the end of the epoch
 
 
+def _named_timeout(batches: Iterator[dict], where: str, timeout_s: float) -> Iterator[dict]:
+    """The DataLoader's batches; its timeout as one `TimeoutError` naming the data and the key that sets it."""
+    try:
+        yield from batches
+    except RuntimeError as exn:
+        if "DataLoader timed out" not in str(exn):
+            raise
+        raise TimeoutError(f"the data workers of {where} delivered no batch for {timeout_s:g} s (a stalled or very "
+                           f"slow source; the bound follows data.io_timeout_s)") from None
+
+
 def _chunks(samples: Iterator, size: int) -> Iterator[list]:
     while chunk := list(islice(samples, size)):
         yield chunk
@@ -436,6 +458,9 @@ def read_shard(task: plan.ReadTask, timeout_s: float = DEFAULT_TIMEOUT_S) -> Ite
             if position >= task.stop:
                 break
             error = "the tar has fewer samples than its count says"  # or a connection that ended early
+        except PermanentShardError as exn:  # 404, 403, no such file: reopening cannot help
+            error = str(exn)
+            break
         except Exception as exn:  # truncated or unreadable tar: what was read stays valid
             error = f"{type(exn).__name__}: {exn}"
         if attempt < retries and position < task.stop:

@@ -5,11 +5,14 @@ gradient caching: the objective is a function of the embeddings of the whole per
 all-reduce, of the global batch), so
   1. encode every micro-batch without a graph (BatchNorm running statistics restored afterwards),
   2. evaluate the objective once on the concatenated embeddings and back-propagate to them: dL/dz,
-  3. encode each micro-batch again with a graph and back-propagate dL/dz_i through the encoder.
+  3. encode each micro-batch again with a graph, replaying the random state of step 1 (the same dropout /
+     drop-path masks, so the graph forward recomputes exactly the embeddings of step 1), and back-propagate
+     dL/dz_i through the encoder.
 The summed parameter gradients equal the gradient of the objective on the whole batch, whatever the objective
 (moments, normalization, centering, even/odd split halves, per-sample terms). The cost is one extra forward
 pass without a graph; the memory is that of one micro-batch plus the (batch x d) embeddings.
-(Train-mode BatchNorm still normalizes each micro-batch by its own statistics, as with any accumulation.)
+What this does not make exact: train-mode BatchNorm in the encoder normalizes each micro-batch by its own
+statistics, as with any accumulation (`accumulation_caveat`).
 
 Nothing here reads a tensor back to the host: the non-finite check is a device flag that makes the optimizer
 update a no-op (`guarded_step`), so a step costs no host synchronisation.
@@ -76,14 +79,35 @@ def enable_cuda_fast_paths() -> None:
     The objective keeps full fp32 matmuls in its forward pass (`eigtrain.objectives.moments.full_fp32_matmul`),
     so losses and the logged eigenvalue estimates are not TF32-rounded."""
     set_matmul_tf32(True)
-    if hasattr(torch.backends.cudnn, "conv") and hasattr(torch.backends.cudnn.conv, "fp32_precision"):
-        torch.backends.cudnn.conv.fp32_precision = "tf32"
-    else:  # torch < 2.9
-        torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True  # the legacy flag: readable by Inductor whatever the torch version
     torch.backends.cudnn.benchmark = True
 
 
 # -- the accumulated backward --------------------------------------------------------------------------------
+def accumulation_caveat(model: nn.Module, accum: int) -> str | None:
+    """Why accumulating ``accum`` micro-batches is not the whole-batch step for this model, or None."""
+    norms = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)})
+    if accum <= 1 or not norms:
+        return None
+    return (f"gradient accumulation ({accum} micro-batches) with {'/'.join(norms)} in the encoder: each micro-batch "
+            f"is normalized by its own statistics, so the step differs from one whole-batch step (the objective's "
+            f"batch statistics stay exact); for exact accumulation use a model without BatchNorm")
+
+
+def _rng_snapshot() -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The random state dropout / drop-path draw from: the CPU generator's, and this process's GPU's if in use.
+    (Both live on the host: no device synchronisation.)"""
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _rng_restore(snapshot: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    cpu, cuda = snapshot
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda)
+
+
 @contextlib.contextmanager
 def buffers_restored(model: nn.Module):
     """Undo in-place buffer updates (BatchNorm running statistics) made inside the block."""
@@ -119,8 +143,13 @@ def accumulated_backward(
 
     if not isinstance(loss_fn, LossFn):
         raise TypeError("gradient accumulation needs a LossFn (encode + objective), not a plain loss function")
+    rng = []  # each micro-batch's random state before its graph-free forward, replayed for its graph forward
     with torch.no_grad(), buffers_restored(model):
-        embedded = [loss_fn.encode(module, mb) for mb in micro_batches]
+        embedded = []
+        for mb in micro_batches:
+            rng.append(_rng_snapshot())
+            embedded.append(loss_fn.encode(module, mb))
+    after = _rng_snapshot()
     z1, z2 = (torch.cat([z[side] for z in embedded]).float().requires_grad_() for side in (0, 1))
     sizes = [len(z[0]) for z in embedded]
     del embedded
@@ -130,34 +159,77 @@ def accumulated_backward(
     # A non-finite loss must never be applied even if its gradient happens to be finite.
     poison = torch.where(torch.isfinite(loss.detach()), 1.0, float("nan"))
     for i, (mb, g1, g2) in enumerate(zip(micro_batches, dz1.split(sizes), dz2.split(sizes))):
+        _rng_restore(rng[i])
         with sync_context(i):
             a, b = loss_fn.encode(module, mb)
             surrogate = ((a.float() * g1).sum() + (b.float() * g2).sum()) * poison
             backward(surrogate, i)
+    _rng_restore(after)  # as after the graph-free pass (the same draws): the random stream advanced once per step
     return loss.detach(), {k: v.detach() for k, v in terms.items()}
 
 
 # -- the guarded update --------------------------------------------------------------------------------------
 def guarded_step(optimizer: torch.optim.Optimizer, ok: torch.Tensor) -> None:
     """``optimizer.step()`` that changes nothing (parameters, optimizer state) where ``ok`` is False, decided on
-    the device: no host synchronisation. Costs one copy of the parameters and optimizer state per step.
+    the device: no host synchronisation. Costs one copy of the parameters and optimizer state per step, made and
+    selected as one flat buffer per (device, dtype): a handful of kernel launches whatever the number of
+    parameters (a clone and a `where` per tensor made small models launch-bound).
 
     State created by this step (first step: momentum buffers, Adam moments) is reset to zeros, which for SGD,
     LARS and AdamW is exactly the state before the first update."""
     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    before = {id(p): {k: v.detach().clone() for k, v in optimizer.state.get(p, {}).items() if torch.is_tensor(v)}
-              for p in params}
-    old_params = [p.detach().clone() for p in params]
+    before = _step_tensors(optimizer, params)
+    saved = {group: torch.cat([_flat(before[k]) for k in keys]) for group, keys in _grouped(before).items()}
     optimizer.step()
+    after = _step_tensors(optimizer, params)
     with torch.no_grad():
-        for p, old in zip(params, old_params):
-            p.copy_(torch.where(ok, p, old))
-        for p in params:
-            state, saved = optimizer.state.get(p, {}), before[id(p)]
-            for k, v in state.items():
-                if torch.is_tensor(v):
-                    prev = saved.get(k, torch.zeros_like(v))
-                    v.copy_(torch.where(ok.to(v.device), v, prev))  # same device: no copy
+        for (device, dtype), keys in _grouped(after).items():
+            old = saved.get((device, dtype))
+            if old is None or keys != _grouped(before).get((device, dtype)):  # this step created state
+                old = _previous(keys, before, after, saved.get((device, dtype)))
+            targets = [_flat(after[k]) for k in keys]
+            merged = torch.cat(targets)
+            torch.where(ok.to(device), merged, old, out=merged)
+            torch._foreach_copy_(targets, list(merged.split([t.numel() for t in targets])))
+
+
+def _step_tensors(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> dict[tuple, torch.Tensor]:
+    """What a step may change: each parameter and the tensors of its optimizer state, by (position, name)."""
+    out = {}
+    for i, p in enumerate(params):
+        out[(i, "")] = p.detach()
+        for name, v in optimizer.state.get(p, {}).items():
+            if torch.is_tensor(v):
+                out[(i, name)] = v
+    return out
+
+
+def _grouped(tensors: dict[tuple, torch.Tensor]) -> dict[tuple, list[tuple]]:
+    groups: dict[tuple, list[tuple]] = {}
+    for key, t in tensors.items():
+        groups.setdefault((t.device, t.dtype), []).append(key)
+    return groups
+
+
+def _previous(keys: list[tuple], before: dict, after: dict, saved: torch.Tensor | None) -> torch.Tensor:
+    """The flat pre-step values of `keys` in the group's new layout: zeros for state this step created."""
+    pieces = {}
+    if saved is not None:
+        grouped = _grouped(before)[(saved.device, saved.dtype)]
+        pieces = dict(zip(grouped, saved.split([before[k].numel() for k in grouped])))
+    return torch.cat([pieces[k] if k in pieces else torch.zeros_like(_flat(after[k])) for k in keys])
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A 1-d view of every element of a dense tensor, in memory order (channels_last included)."""
+    if t.is_contiguous():
+        return t.view(-1)
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda s: s[1]):
+        if size != 1 and stride != expected:
+            raise ValueError(f"guarded_step needs dense parameters and state, got strides {t.stride()}")
+        expected *= size
+    return t.as_strided((t.numel(),), (1,), t.storage_offset())
 
 
 def chunks(batch: Any, n: int) -> Iterator[Any]:

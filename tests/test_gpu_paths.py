@@ -1,0 +1,179 @@
+"""The CUDA code paths, checked on the CPU where a check can fail there: the nvJPEG start-up probe, PNG batches
+copied to the device at once, TF32 flags that stay readable, the guarded optimizer step's launch count, the
+folded colour jitter, the Rayleigh-Ritz job's process-group backend."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torchvision.io
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from eigtrain.data import gpu_decode
+from eigtrain.data.stream import ShardStream
+from eigtrain.data.write import main as write_shards_cli
+from eigtrain.engine.base import enable_cuda_fast_paths, guarded_step
+from eigtrain.objectives.moments import full_fp32_matmul
+
+
+# ---------------------------------------------------------------------------------------------- nvJPEG probe
+
+
+def test_nvjpeg_probe_decodes_a_jpeg_instead_of_trusting_the_import(monkeypatch):
+    """A torchvision without nvJPEG imports decode_jpeg and fails on every image: `auto` must fall back to the
+    workers and `cuda` must say why, instead of marking every sample corrupt."""
+    real = torchvision.io.decode_jpeg
+
+    def without_nvjpeg(data, *args, device="cpu", **kwargs):
+        if torch.device(device).type == "cuda":
+            raise RuntimeError("torchvision not compiled with nvJPEG support")
+        return real(data, *args, device=device, **kwargs)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", without_nvjpeg)
+    gpu_decode.nvjpeg_problem.cache_clear()
+    try:
+        assert gpu_decode.choose_jpeg_device("auto", "cuda") is None
+        with pytest.raises(ValueError, match="data.decode=cuda needs .*not compiled with nvJPEG support"):
+            gpu_decode.choose_jpeg_device("cuda", "cuda")
+        assert gpu_decode.nvjpeg_problem("cpu") is None  # the probe itself decodes (here on the CPU)
+    finally:
+        gpu_decode.nvjpeg_problem.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------------- PNG batches
+
+
+@pytest.fixture(scope="module")
+def png_root(tmp_path_factory):
+    """RGB PNG shards (the npz source writes PNG)."""
+    tmp = tmp_path_factory.mktemp("png")
+    images = np.random.default_rng(0).integers(0, 256, size=(64, 3, 12, 10), dtype=np.uint8)
+    np.savez(tmp / "rgb.npz", x=images, y=np.arange(64) % 4)
+    write_shards_cli(["source=npz", f"path={tmp / 'rgb.npz'}", f"out={tmp / 'shards'}", "shard_size=16",
+                      "val_fraction=0.1"])
+    return tmp / "shards"
+
+
+def test_png_batches_are_one_copy_to_the_device(png_root, monkeypatch):
+    """With batched JPEG decoding on, PNG images come from the workers stacked: one copy per batch, not one per
+    image (each a wait for the GPU queue), and the same batches as decoding in the workers."""
+    common = dict(batch_size=8, num_workers=0, image_size=(12, 10), image_fit="whole", shuffle_block=0)
+    reference = [b for _, b in zip(range(3), ShardStream(png_root, **common))]
+    copies = []
+    to = torch.Tensor.to
+
+    def counting(self, *args, **kwargs):
+        copies.append(kwargs.get("non_blocking", False))
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", counting)
+    batches = [b for _, b in zip(range(3), ShardStream(png_root, jpeg_device="cpu", **common))]
+    assert copies == [True] * 3  # one non-blocking copy per batch
+    for ref, got in zip(reference, batches):
+        assert ref["key"] == got["key"] and torch.equal(ref["label"], got["label"])
+        assert torch.equal(ref["image"], got["image"]) and torch.equal(ref["size"], got["size"])
+
+
+# ---------------------------------------------------------------------------------------------- TF32
+
+
+def test_tf32_flags_stay_readable_for_inductor():
+    """The new fp32_precision API makes later reads of the legacy flags raise (Inductor reads them when it
+    compiles a matmul); set_float32_matmul_precision keeps both consistent."""
+    saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark
+    try:
+        enable_cuda_fast_paths()
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        with full_fp32_matmul("cuda"):  # the objective's moments stay IEEE fp32
+            assert not torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.set_float32_matmul_precision(saved[0])
+        torch.backends.cudnn.benchmark = saved[1]
+
+
+# ---------------------------------------------------------------------------------------------- guarded step
+
+
+def _model(layers: int) -> nn.Module:
+    torch.manual_seed(0)
+    convs = [nn.Conv2d(3, 3, 3, padding=1) for _ in range(layers)]
+    return nn.Sequential(*convs).to(memory_format=torch.channels_last)  # dense but not contiguous
+
+
+def _optimizers(model):
+    return [torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True),
+            torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1, foreach=True)]
+
+
+def _backward(model, scale=1.0):
+    model.zero_grad(set_to_none=True)
+    (model(torch.ones(2, 3, 4, 4).contiguous(memory_format=torch.channels_last)).square().mean() * scale).backward()
+
+
+def _state(model, optimizer):
+    return ([p.detach().clone() for p in model.parameters()],
+            [{k: v.clone() for k, v in optimizer.state[p].items()} for p in model.parameters() if p in optimizer.state])
+
+
+def _equal(a, b) -> bool:
+    params_a, state_a = a
+    params_b, state_b = b
+    return (all(torch.equal(x, y) for x, y in zip(params_a, params_b)) and len(state_a) == len(state_b)
+            and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(state_a, state_b)))
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["sgd", "adamw"])
+def test_guarded_step_is_the_step_or_exactly_nothing(which):
+    model = _model(3)
+    twin = copy.deepcopy(model)
+    opt, twin_opt = _optimizers(model)[which], _optimizers(twin)[which]
+    _backward(model, float("nan"))  # first step not applied: no state, nothing moved
+    before = _state(model, opt)
+    guarded_step(opt, torch.tensor(False))
+    assert all(torch.equal(p, q) for p, q in zip(before[0], _state(model, opt)[0]))
+    assert all(v.eq(0).all() for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.ndim)
+    opt.state.clear()  # (the reset state equals none; start the comparison from none)
+    for _ in range(2):  # applied steps: bit-identical to the plain optimizer
+        _backward(model), _backward(twin)
+        guarded_step(opt, torch.tensor(True))
+        twin_opt.step()
+        assert _equal(_state(model, opt), _state(twin, twin_opt))
+    _backward(model, float("inf"))
+    before = _state(model, opt)
+    guarded_step(opt, torch.tensor(False))
+    assert _equal(before, _state(model, opt))
+
+
+class _CountKernels(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += not func.is_view  # views launch nothing
+        return func(*args, **(kwargs or {}))
+
+
+def _guard_kernels(layers: int, which: int) -> int:
+    model = _model(layers)
+    opt = _optimizers(model)[which]
+    _backward(model)
+    guarded_step(opt, torch.tensor(True))  # the first step creates the state
+    _backward(model)
+    with _CountKernels() as guarded:
+        guarded_step(opt, torch.tensor(True))
+    _backward(model)
+    with _CountKernels() as plain:
+        opt.step()
+    return guarded.count - plain.count  # the guard's own ops
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["sgd", "adamw"])
+def test_guarded_step_launches_do_not_grow_with_the_parameter_count(which):
+    """A clone and a where per parameter and state tensor made small models launch-bound on a GPU; the guard
+    now works on one flat buffer per (device, dtype): a handful of ops whatever the number of tensors."""
+    assert _guard_kernels(16, which) == _guard_kernels(2, which)
