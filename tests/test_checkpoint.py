@@ -21,6 +21,8 @@ def make_step(root, step, complete=True):
     path = ckpt.step_dir(root, step)
     path.mkdir(parents=True)
     (path / "shard.bin").write_bytes(b"x" * 10)
+    if not complete:  # a save eigtrain began (its ownership file comes first) and never finished
+        (path / ckpt.OWNER).write_text("")
     if complete:
         ckpt.mark_complete(path, {"step": step, "world_size": 1})
     return path

@@ -193,12 +193,12 @@ def test_export_appears_only_when_complete(tmp_path, monkeypatch):
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(export, "plot_decay", fail)  # the last file of the export fails to be written
-    assert rr_main([f"embeddings={path}", f"out={out}", "center=true"]) == 2
+    assert rr_main([f"embeddings={path}", f"out={out}", "center=true", "overwrite=true"]) == 2
     assert (out / "rr.safetensors").read_bytes() == before  # the old export is intact
     assert sorted(p.name for p in tmp_path.iterdir()) == ["emb.npz", "rr"]  # no staging directory left
     assert rr_main([f"embeddings={path}", f"out={tmp_path / 'new'}", "center=true"]) == 2
     assert not (tmp_path / "new").exists()
     monkeypatch.undo()
-    assert rr_main([f"embeddings={path}", f"out={out}", "center=true"]) == 0  # replaced by the new export
+    assert rr_main([f"embeddings={path}", f"out={out}", "center=true", "overwrite=true"]) == 0  # replaced
     assert json.loads((out / "manifest.json").read_text())["source"]["center"] is True
     assert sorted(p.name for p in tmp_path.iterdir()) == ["emb.npz", "rr"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -30,6 +31,9 @@ import webdataset as wds
 from ..cli import compose_dataclass
 from .index import INDEX_NAME, ShardIndex, read_index, write_index
 from .sources import Source, cifar10_source, digits_source, imagefolder_source, npz_source
+
+
+_SHARD_NAME = re.compile(r"^[A-Za-z0-9_.-]+-\d{6}\.tar$")  # what _ShardFile names a shard: <split>-NNNNNN.tar
 
 
 def write_shards(
@@ -55,8 +59,13 @@ def write_shards(
         old = read_index(out)
         for shards in old.splits.values():  # stale shards of a previous, larger write would linger otherwise
             for name in shards:
-                (out / name).unlink(missing_ok=True)
+                if _SHARD_NAME.match(name):  # only a shard name it writes, in `out` itself (never `../x`)
+                    (out / name).unlink(missing_ok=True)
         (out / INDEX_NAME).unlink()
+    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(
+            f"out={out} is not empty and holds no eigtrain shards (no {INDEX_NAME}): refusing to write into it "
+            f"(nothing was changed there); choose a new or empty directory")
     out.mkdir(parents=True, exist_ok=True)
 
     split_of_key: dict[str, str] = {}
@@ -97,7 +106,9 @@ class _ShardFile:
     def __init__(self, root: Path, name: str):
         self.name, self.count = name, 0
         self.path, self.tmp = root / name, root / (name + ".tmp")
-        self.file = open(self.tmp, "wb")
+        if self.path.exists() or self.tmp.exists():  # not a shard of the index it replaced: someone else's file
+            raise FileExistsError(f"{self.path} exists and is not listed in {root / INDEX_NAME}: refusing to replace it")
+        self.file = open(self.tmp, "xb")
         self.tar = wds.TarWriter(self.file, mtime=0)  # fixed mtime: identical input gives identical shards
 
     def write(self, sample: dict) -> None:
@@ -183,10 +194,23 @@ def index_main(argv: list[str]) -> None:
         if first is None:
             raise ValueError(f"the shards are not local files: give out=FILE for the index of {argv[0]}")
         out = first.parent / WIDS_INDEX_NAME
+    _check_index_target(Path(out))
     with ThreadPoolExecutor(max(1, min(16, len(urls)))) as pool:
         counts = list(pool.map(lambda u: count_samples(u, args.timeout_s), urls))
     path = write_wids_index(out, urls, counts, args.name)
     print(json.dumps({"index": str(path), "shards": len(urls), "samples": sum(counts)}))
+
+
+def _check_index_target(out: Path) -> None:
+    """An index may replace an earlier wids shard index, never another file."""
+    if not out.exists():
+        return
+    try:
+        ours = json.loads(out.read_text()).get("__kind__") == "wids-shard-index-v1"
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    if not ours:
+        raise FileExistsError(f"out={out} exists and is not a wids shard index: refusing to replace it; choose another out=")
 
 
 def main(argv: list[str] | None = None) -> None:
