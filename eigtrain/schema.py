@@ -22,6 +22,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from eigtrain.redact import redact_url
+
 
 class ConfigError(ValueError):
     """A bad training config: names the key and what is allowed."""
@@ -229,18 +231,36 @@ class TrainConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
-# Keys that do not change what a sweep point trains (where and how it runs): left out of its directory name.
-_NOT_IN_POINT_DIR = ("run_dir", "stop_after", "launcher", "logging", "hydra")
+# Keys that do not change what a sweep point trains -- where, how fast and how observably it runs, when this
+# invocation stops -- and so never name its directory: changing one on a requeue resumes the point instead of
+# restarting it from step 0. A key listed here covers its sub-keys (`logging` covers `logging.wandb.mode`).
+# Every other key (objective, model, data content and order, optimizer, batch sizes, precision, seed, steps, ...)
+# names the point.
+NOT_RESULT_KEYS = (
+    "run_dir", "name", "hydra", "launcher", "logging", "monitor",  # where it runs and what it reports
+    "stop_after", "checkpoint_every", "keep_last", "log_every", "max_nonfinite_steps", "dist_timeout_s",
+    "signal_check_every",
+    "device", "cpu_threads", "engine.compile", "engine.channels_last",  # speed, not the result
+    "data.num_workers", "data.pin_memory", "data.prefetch_factor", "data.persistent_workers", "data.io_timeout_s",
+    "data.decode", "data.shard_index", "data.allow_pipe",
+)
+
+
+def names_point(key: str) -> bool:
+    """Whether an override of `key` changes what is trained (and so names a sweep point's directory)."""
+    key = key.lstrip("+~")
+    return not any(key == k or key.startswith(k + ".") for k in NOT_RESULT_KEYS)
 
 
 def sweep_point(overrides) -> str:
-    """A multirun job's directory name: its own overrides, sorted (`optim.lr=0.05,seed=1`).
+    """A multirun job's directory name: its own result-changing overrides, sorted (`optim.lr=0.05,seed=1`).
 
-    The same overrides give the same name on every submission, so a requeued or re-run point resumes from
-    its own checkpoints; different points never share one.
+    The same point gives the same name on every submission, whatever NOT_RESULT_KEYS it also sets, so a requeued
+    or re-run point resumes from its own checkpoints; different points never share one. Credentials in URL values
+    never reach the name (eigtrain.redact).
     """
-    kept = sorted(o for o in overrides if o.lstrip("+~").split("=")[0].split(".")[0] not in _NOT_IN_POINT_DIR)
-    name = ",".join(_short(o) for o in kept) or "default"
+    kept = sorted(o for o in overrides if names_point(o.split("=")[0]))
+    name = ",".join(_short(redact_url(o)) for o in kept) or "default"
     if len(name) > 160:  # file names are limited to 255 bytes
         name = f"{name[:140]}-{_digest(name)}"
     return name
