@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = compose_dataclass(EvalConfig, args)
         report, paths = evaluate(cfg)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError, RuntimeError) as error:  # OSError: unreadable shards; RuntimeError: max_corrupt
         print(f"eigtrain-eval: {error}", file=sys.stderr)
         return 2
     print(paths["markdown"].read_text())

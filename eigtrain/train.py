@@ -227,6 +227,7 @@ def _check_point(overrides: list[str], config_name: str | None) -> None:
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    from eigtrain.data import ShardError
     from eigtrain.launch import launch
 
     # Hydra's output directory for this job: run_dir, or run_dir/<the point's overrides> in a multirun.
@@ -237,6 +238,8 @@ def _hydra_main(cfg: DictConfig) -> None:
         launch(cfg.launcher, run, cfg)
     except ConfigError as exn:
         raise SystemExit(f"eigtrain-train: config error: {exn}") from None
+    except (ShardError, TimeoutError) as exn:  # a shard that cannot be read, a stalled source: one line naming it
+        raise SystemExit(f"eigtrain-train: data error: {exn}") from None
 
 
 def main() -> None:

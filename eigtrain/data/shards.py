@@ -4,10 +4,12 @@ without an eigtrain ``index.json``.
     urls = expand_shards("https://host/imagenet-train-{000000..001023}.tar")
     counts = shard_counts(urls, cache_dir="runs/x/data")
 
-URLs: local paths, ``file:``, ``http(s)://`` (read with a timeout, so an unreachable server is an error, never
-a hang), ``pipe:CMD`` (webdataset's `gopen`: the command writes the tar to stdout), and object stores
+URLs: local paths, ``file:``, ``http(s)://``, ``pipe:CMD`` (runs the shell command CMD, which writes the tar to
+stdout), and object stores
 (``s3://``, ``gs://``, ... through fsspec when its backend, e.g. s3fs or gcsfs, is installed; otherwise
-webdataset's `gopen` handlers, e.g. gsutil for ``gs://``; ``pipe:aws s3 cp URL -`` always works).
+webdataset's `gopen` handlers, e.g. gsutil for ``gs://``; ``pipe:aws s3 cp URL -`` always works). Every read of a
+remote shard is bounded by the timeout (``data.io_timeout_s``), so a stalled server or command is an error naming
+it, never a hang.
 
 Sample counts, first that applies: a `wids` shard index (``{"wids_version": 1, "shardlist": [{"url", "nsamples"},
 ...]}``, written by ``eigtrain-shards index PATTERN``) given explicitly or found next to the shards as
@@ -22,16 +24,21 @@ import json
 import logging
 import os
 import posixpath
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Sequence
 from urllib.error import HTTPError, URLError
 from urllib.parse import urljoin, urlparse
-from urllib.request import url2pathname, urlopen
+from urllib.request import Request, url2pathname, urlopen
 
 import webdataset as wds
 from braceexpand import braceexpand
 from webdataset.gopen import gopen_schemes
+
+from .bounded_io import bounded, call_within, open_pipe
+
+from ..redact import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +46,20 @@ WIDS_INDEX_NAME = "wids-index.json"
 EIGTRAIN_INDEX_NAME = "index.json"
 FSSPEC_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "hdfs", "webhdfs")
 DEFAULT_TIMEOUT_S = 60.0
+READ_RETRIES = 2  # further reads of a network shard whose read failed midway
+OPEN_RETRIES = 2  # further attempts to open a network shard after a failure that may pass
+TRANSIENT_HTTP = (408, 425, 429)  # the 4xx answers that mean "later", not "never"
 
 
 class ShardError(OSError):
-    """A shard that cannot be opened or read; the message names it."""
+    """A shard that cannot be opened or read; the message names it (without credentials: it is printed and logged)."""
+
+    def __init__(self, message: str):
+        super().__init__(redact_url(message))
+
+
+class PermanentShardError(ShardError):
+    """A shard the store says is not there or not for us (HTTP 404, 403, no such file): retrying cannot help."""
 
 
 def expand_shards(shards: str | Sequence[str]) -> list[str]:
@@ -75,23 +92,52 @@ def local_path(url: str) -> Path | None:
 
 
 def open_url(url: str, timeout_s: float = DEFAULT_TIMEOUT_S):
-    """A binary file object reading `url`; `ShardError` naming the URL when it cannot be opened."""
+    """A binary file object reading `url`, every read bounded by `timeout_s`; `ShardError` naming the URL when it
+    cannot be opened. A network failure that may pass (HTTP 5xx/408/429, a reset, no answer) is retried
+    `OPEN_RETRIES` times with backoff; one that cannot (404, 403, a missing object) is a `PermanentShardError` at
+    once."""
+    path = local_path(url)
+    if path is not None:
+        try:
+            return open(path, "rb")
+        except FileNotFoundError:
+            raise PermanentShardError(f"shard {url} does not exist") from None
+        except OSError as exn:
+            raise PermanentShardError(f"cannot open shard {url}: {exn.strerror or exn}") from None
+    for attempt in range(OPEN_RETRIES + 1):
+        try:
+            return _open_remote(url, timeout_s)
+        except PermanentShardError:
+            raise
+        except ShardError as exn:
+            if attempt == OPEN_RETRIES:
+                raise
+            log.warning("%s; retrying in %.2g s (%d/%d)", exn, backoff_s(attempt), attempt + 1, OPEN_RETRIES)
+            time.sleep(backoff_s(attempt))
+
+
+def backoff_s(attempt: int) -> float:
+    return 0.25 * 2 ** attempt
+
+
+def _open_remote(url: str, timeout_s: float):
     kind = scheme(url)
     try:
         if kind in ("http", "https"):
-            return urlopen(url, timeout=timeout_s)
+            return urlopen(url, timeout=timeout_s)  # the socket timeout bounds the connection and every read
+        if kind == "pipe":
+            return open_pipe(url, timeout_s)
         if kind in FSSPEC_SCHEMES:
-            return _open_object_store(url)
-        path = local_path(url)
-        if path is not None:
-            return open(path, "rb")
-        return wds.gopen(url, "rb")  # pipe:CMD and webdataset's other handlers
+            return bounded(call_within(lambda: _open_object_store(url), timeout_s, url), timeout_s, url)
+        return bounded(wds.gopen(url, "rb"), timeout_s, url)  # webdataset's other handlers
     except HTTPError as exn:
-        raise ShardError(f"cannot open shard {url}: HTTP {exn.code} {exn.reason}") from None
+        error = ShardError if exn.code >= 500 or exn.code in TRANSIENT_HTTP else PermanentShardError
+        raise error(f"cannot open shard {url}: HTTP {exn.code} {exn.reason}") from None
     except URLError as exn:
         raise ShardError(f"cannot reach shard {url}: {exn.reason}") from None
-    except FileNotFoundError:
-        raise ShardError(f"shard {url} does not exist") from None
+    except (FileNotFoundError, PermissionError) as exn:  # an object store's missing or forbidden object
+        what = "does not exist" if isinstance(exn, FileNotFoundError) else f"is not readable: {exn}"
+        raise PermanentShardError(f"shard {url} {what}") from None
     except ShardError:
         raise
     except Exception as exn:
@@ -135,26 +181,29 @@ def complete_samples(url: str, stream) -> Iterable[dict]:
 
 
 def count_samples(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
-    """Samples in one shard, by reading it once; `ShardError` naming it when it cannot be read to the end."""
-    n = 0
-    stream = open_url(url, timeout_s)
-    try:
-        for _ in complete_samples(url, stream):
-            n += 1
-    except Exception as exn:
-        raise ShardError(
-            f"shard {url} cannot be read to its end after {n} samples ({type(exn).__name__}: {exn}): it is "
-            f"truncated or unreachable; repair it or leave it out of data.shards"
-        ) from None
-    finally:
+    """Samples in one shard, by reading it once; `ShardError` naming it when it cannot be read to the end. A network
+    read that fails midway (a reset, a stall) is started again `READ_RETRIES` times, with backoff."""
+    retries = 0 if local_path(url) is not None else READ_RETRIES  # a damaged local file stays damaged
+    for attempt in range(retries + 1):
+        n, stream = 0, open_url(url, timeout_s)
         try:
-            stream.close()
-        except Exception:  # a pipe: command's exit status; the error above already names the shard
-            pass
-    return n
-
-
-# ---------------------------------------------------------------------------------------------- indexes
+            for _ in complete_samples(url, stream):
+                n += 1
+            return n
+        except Exception as exn:
+            error = f"{type(exn).__name__}: {exn}"
+        finally:
+            try:
+                stream.close()
+            except Exception:  # a pipe: command's exit status; the error above already names the shard
+                pass
+        if attempt < retries:
+            log.warning("reading shard %s failed after %d samples (%s); reading it again (%d/%d)", url, n, error,
+                        attempt + 1, retries)
+            time.sleep(backoff_s(attempt))
+    raise ShardError(
+        f"shard {url} cannot be read to its end after {n} samples ({error}): it is truncated or unreachable; "
+        f"repair it or leave it out of data.shards")
 
 
 def read_wids_index(location: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, int]:
@@ -255,22 +304,55 @@ def shard_counts(
 
 
 def _cache_file(cache_dir: Path, urls: list[str]) -> Path:
-    digest = hashlib.sha256("\n".join(urls).encode()).hexdigest()[:16]
+    digest = hashlib.sha256("\n".join(map(redact_url, urls)).encode()).hexdigest()[:16]  # no credential in a name
     return cache_dir / f"shard-counts-{digest}.json"
 
 
-def _local_sizes(urls: list[str]) -> list[int | None]:
-    return [p.stat().st_size if (p := local_path(u)) is not None else None for u in urls]
+def shard_version(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> list | None:
+    """What the store says identifies this upload of the shard, for the count cache: a local file's size and mtime,
+    an HTTP server's ETag / Last-Modified / Content-Length (a HEAD request), an object store's ETag / modification
+    time / size (fsspec's info); None where nothing is known (pipe: commands, a server that answers no HEAD)."""
+    path = local_path(url)
+    if path is not None:
+        stat = path.stat()
+        return [stat.st_size, stat.st_mtime_ns]
+    kind = scheme(url)
+    try:
+        if kind in ("http", "https"):
+            with urlopen(Request(url, method="HEAD"), timeout=timeout_s) as answer:
+                found = [answer.headers.get(h) for h in ("ETag", "Last-Modified", "Content-Length")]
+        elif kind in FSSPEC_SCHEMES:
+            found = _object_version(call_within(lambda: _object_info(url), timeout_s, url))
+        else:
+            return None
+    except (OSError, ValueError, ImportError):
+        return None
+    return found if any(v is not None for v in found) else None
+
+
+def _object_info(url: str) -> dict:
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs.info(path)
+
+
+def _object_version(info: dict) -> list:
+    keys = ("ETag", "etag", "generation", "md5Hash", "LastModified", "last_modified", "mtime", "updated", "size")
+    return [str(info[k]) if info.get(k) is not None else None for k in keys]
 
 
 def _scanned_counts(urls: list[str], cache_dir, timeout_s: float, threads: int) -> dict[str, int]:
+    names = [redact_url(u) for u in urls]  # what the cache file stores: the URLs without credentials
     cache = _cache_file(Path(cache_dir), urls) if cache_dir is not None else None
-    sizes = _local_sizes(urls)
+    if cache is not None:  # taken before any scan: a shard re-uploaded while it is counted is counted again next time
+        with ThreadPoolExecutor(max(1, min(threads, len(urls)))) as pool:
+            versions = list(pool.map(lambda u: shard_version(u, min(timeout_s, 10.0)), urls))
     if cache is not None and cache.is_file():
         cached = json.loads(cache.read_text())
-        if cached.get("urls") == urls and cached.get("sizes") == sizes:
+        if cached.get("urls") == names and cached.get("versions") == versions:
             return dict(zip(urls, cached["counts"]))
-        log.warning("shard count cache %s does not match the shards (changed files): scanning again", cache)
+        log.warning("shard count cache %s does not match the shards (changed or re-uploaded): scanning again", cache)
     log.info("counting the samples of %d shards (one read of each; cached%s)", len(urls),
              f" in {cache}" if cache else " nowhere: pass a cache directory")
     with ThreadPoolExecutor(max(1, min(threads, len(urls)))) as pool:
@@ -278,6 +360,6 @@ def _scanned_counts(urls: list[str], cache_dir, timeout_s: float, threads: int) 
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"urls": urls, "sizes": sizes, "counts": counts}) + "\n")
+        tmp.write_text(json.dumps({"urls": names, "versions": versions, "counts": counts}) + "\n")
         os.replace(tmp, cache)
     return dict(zip(urls, counts))
