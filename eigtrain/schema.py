@@ -68,6 +68,8 @@ class DataConfig:
     write_if_missing: Optional[str] = None
     shard_size: int = 1000
     shards: Any = None  # a brace pattern or a list of URLs
+    val_shards: Any = None  # held-out shards of split 'val' (pattern or list, read like shards): eval, rr, monitor
+    allow_pipe: bool = False  # eigtrain-eval/-rr command line: run pipe: sources read back from a saved config
     shard_index: Optional[str] = None
     image_key: Optional[str] = None
     label_key: Optional[str] = None
@@ -180,10 +182,11 @@ LAUNCHER_SCHEMAS = {"local": LocalLauncherConfig, "slurm": SlurmLauncherConfig}
 
 
 def objective_schema(name: str) -> type:
-    """A dataclass of objective `name`'s keys, made from its class's `defaults` (types from the values)."""
+    """A dataclass of objective `name`'s keys, made from its class's `defaults` and the `options` every
+    objective takes (reduction across ranks: auto | moments | gather; types from the values)."""
     from eigtrain.objectives import OBJECTIVES
 
-    defaults = OBJECTIVES[name].defaults
+    defaults = {**OBJECTIVES[name].defaults, **OBJECTIVES[name].options}
     return dataclasses.make_dataclass(
         f"{name}_objective", [("name", str, field(default=name))] + [(k, type(v), field(default=v)) for k, v in defaults.items()])
 
@@ -228,6 +231,7 @@ class TrainConfig:
     log_every: int = 10
     max_nonfinite_steps: int = 10
     dist_timeout_s: float = 600.0
+    signal_check_every: int = 10  # steps between the ranks' agreement on a stop signal (a collective)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 

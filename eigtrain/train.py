@@ -23,14 +23,16 @@ from omegaconf import DictConfig, OmegaConf
 from eigtrain import checkpoint as ckpt
 from eigtrain import dist
 from eigtrain.config_check import ConfigError, validate
-from eigtrain.data import build_augment
+from eigtrain.data import CorruptDataError, build_augment
 from eigtrain.data import from_config as data_setup
 from eigtrain.engine import build_engine, chunks, lr_at
-from eigtrain.engine.base import LossFn, enable_cuda_fast_paths
+from eigtrain.engine.base import LossFn, accumulation_caveat, enable_cuda_fast_paths
 from eigtrain.metrics_log import MetricsLog, Progress, Throughput, stable_run_id, write_run_records
 from eigtrain.models import build_encoder, use_sync_batch_norm
 from eigtrain.monitor import build_monitor
 from eigtrain.objectives import build_objective
+from eigtrain.redact import redact_config, redact_logs, redact_yaml_file
+from eigtrain.skipped_batches import agreed_count, rows, stand_in
 from eigtrain.output_dirs import claim_run_dir
 
 CONFIG_PACKAGE = "eigtrain.configs"  # configs/ of the repository, shipped inside the package (pyproject.toml)
@@ -74,7 +76,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     micro_batch, accum = validate(cfg, env.world_size)  # before any expensive work
     nest, coefficients = cfg.nesting, {k: v for k, v in cfg.objective.items() if k != "name"}
     objective = build_objective(cfg.objective.name, cfg.dim, nesting=nest.mode, prefixes=nest.prefixes,
-                                weights=nest.weights, pairs=cfg.data.mode == "pairs", **coefficients)
+                                weights=nest.weights, pairs=cfg.data.mode == "pairs", local_batch=micro_batch,
+                                **coefficients)
     threads, had_group = torch.get_num_threads(), torch.distributed.is_initialized()
     torch.set_num_threads(cfg.cpu_threads or threads)
     device = dist.select_device(env, cfg.device)  # the one place that binds this rank's GPU
@@ -85,6 +88,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     # engine makes for itself stays (DeepSpeed caches its groups for the life of the process).
     owns_group = torch.distributed.is_initialized() and not had_group
     logging.basicConfig(level=logging.INFO if env.rank == 0 else logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    redact_logs()  # a shard URL in a log line loses its credentials (Slurm writes these lines into the run dir)
     try:
         return _train(cfg, env, device, objective.to(device), micro_batch, accum)
     finally:  # leave the process as it was (tests and launchers call run() in-process)
@@ -112,10 +116,12 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
     generator.manual_seed(ckpt.seed_all(cfg.seed, rank, 1))  # per-rank randomness from here on
     log.info("%d rank(s) on %s; per-rank micro-batch %d x %d accumulation; %.2fM parameters", world, device,
              micro_batch, accum, sum(p.numel() for p in model.parameters()) / 1e6)
+    if rank0 and (caveat := accumulation_caveat(model, accum)):
+        log.warning(caveat)  # once, at start: the README's "what accumulation makes exact"
 
     checkpoints = ckpt.Checkpointer(run_dir / "checkpoints", engine, keep_last=cfg.keep_last, rank=rank, world_size=world)
     latest, trainer_state, rank_state = checkpoints.resume()
-    state = {"step": 0, "samples": 0, "skipped_steps": 0, "wandb_id": None, **trainer_state}
+    state = {"step": 0, "samples": 0, "skipped_steps": 0, "skipped_batches": 0, "wandb_id": None, **trainer_state}
     if latest:
         stream.load_state_dict(rank_state["data"])
         if "rng" in rank_state:
@@ -125,26 +131,31 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
     if rank0:
         run_dir.mkdir(parents=True, exist_ok=True)
         state["wandb_id"] = stable_run_id(run_dir, state["wandb_id"])
-        write_run_records(run_dir, OmegaConf.to_yaml(cfg, resolve=True), model_info, Path(__file__).resolve().parent)
+        write_run_records(run_dir, OmegaConf.to_yaml(redact_config(cfg)), model_info, Path(__file__).resolve().parent)
         metrics = MetricsLog(run_dir, wandb_cfg=cfg.logging.wandb, run_id=state["wandb_id"],
                              config=OmegaConf.to_container(cfg, resolve=True), resume_step=state["step"])
         progress = Progress(cfg.steps, state["step"], enabled=cfg.logging.progress)
 
     keep_multiple = accum * (2 if objective.split_batch else 1)
 
-    def inputs(batch: dict) -> list:
-        """uint8 batch -> device -> augmented, normalized views (or pairs) -> micro-batches."""
+    def inputs(batch: dict) -> tuple[list, bool]:
+        """uint8 batch -> device -> augmented, normalized views (or pairs) -> (micro-batches, usable). A batch left
+        with fewer than 2 samples per micro-batch by dropped corrupt samples is unusable: a stand-in of that size
+        keeps this rank in step with the others, and every rank skips the update (`eigtrain.skipped_batches`)."""
+        usable = rows(batch) - rows(batch) % keep_multiple >= 2 * accum
+        batch = batch if usable else stand_in(batch, 2 * accum)
         if pairs:
             x, a = (batch[k].to(device, non_blocking=True) for k in ("x", "a"))
             first, second = augment.view(x, generator, 0), (augment.view(a, generator, 1) if a.dtype == torch.uint8 else a)
         else:
             sizes = batch.get("size")  # data.image_fit=whole: each image's valid region, crops come from all of it
+            sizes = None if sizes is None else sizes.to(device, non_blocking=True)  # once for both views
             first, second = augment(batch["image"].to(device, non_blocking=True), generator=generator, sizes=sizes)
         keep = len(first) - len(first) % keep_multiple  # a batch shortened by dropped corrupt samples
         first, second = first[:keep], second[:keep]
         if cfg.engine.channels_last and first.ndim == 4:
             first, second = (t.contiguous(memory_format=torch.channels_last) for t in (first, second))
-        return list(zip(chunks(first, accum), chunks(second, accum)))
+        return list(zip(chunks(first, accum), chunks(second, accum))), usable
 
     loss_fn, end = make_loss_fn(engine, objective, pairs), min(cfg.steps, cfg.stop_after or cfg.steps)
     monitor_every = int((cfg.get("monitor") or {}).get("every") or 0)
@@ -154,15 +165,25 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
     # Skipped updates since the host last looked: a device counter, read (one synchronisation) only at logging,
     # checkpoint and stop steps, so an ordinary step never waits for the GPU.
     unread_skips = torch.zeros((), dtype=torch.int64, device=device)
+    unusable_steps: list[int] = []  # this rank's steps on a stand-in batch since the last check
 
     def count_skips(step: int) -> None:
         skips = int(unread_skips.item())
-        if not skips:
+        if not skips:  # the same on every rank: an unusable batch on any rank made every rank skip
             return
         unread_skips.zero_()
-        state["skipped_steps"] += skips
+        unusable = agreed_count(unusable_steps)
+        unusable_steps.clear()
+        if unusable:
+            state["skipped_batches"] += unusable
+            log.warning("step %d: %d step(s) skipped since the last check for a batch without enough usable samples "
+                        "on some rank (%d so far; data.max_corrupt bounds the unusable samples)", step, unusable,
+                        state["skipped_batches"])
+        if skips == unusable:
+            return
+        state["skipped_steps"] += skips - unusable
         log.warning("step %d: non-finite loss or gradient, %d update(s) skipped since the last check (%d so far)",
-                    step, skips, state["skipped_steps"])
+                    step, skips - unusable, state["skipped_steps"])
         if state["skipped_steps"] > cfg.max_nonfinite_steps:
             raise NonFiniteError(
                 f"{state['skipped_steps']} steps had a non-finite loss or gradient, more than "
@@ -174,11 +195,14 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
             batch = next(batches)
             throughput.add(cfg.batch_size, time.perf_counter() - t0)
             lr = lr_at(state["step"], cfg.optim, cfg.steps)
-            result = engine.train_step(inputs(batch), loss_fn, lr)
+            micro_batches, usable = inputs(batch)
+            result = engine.train_step(micro_batches, loss_fn, lr, usable=usable)
+            unusable_steps += [] if usable else [state["step"] + 1]
             unread_skips += ~torch.as_tensor(result.applied, device=device)
             state["step"], state["samples"] = state["step"] + 1, state["samples"] + cfg.batch_size
             step = state["step"]
-            stop = dist.stop_requested()  # a signal on any rank: save now, on all ranks, and leave
+            # A signal on any rank: save now, on all ranks, and leave (the ranks agree every signal_check_every steps)
+            stop = dist.stop_requested(poll=step % cfg.signal_check_every == 0)
             pending_save = pending_save or step % cfg.checkpoint_every == 0
             monitored = monitor_every > 0 and (step % monitor_every == 0 or step == end)
             logging_step = step % cfg.log_every == 0 or step == end or monitored
@@ -191,7 +215,8 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
                 knn = monitor(engine.model) if monitored else {}  # kNN accuracy per prefix size (monitor.every)
                 metrics.log(step, {"loss": result.loss, **result.terms, "lr": lr, "grad_norm": result.grad_norm,
                                    "samples": state["samples"], "samples_per_s": rate, "data_wait": wait,
-                                   "skipped_steps": state["skipped_steps"], **knn})
+                                   "skipped_steps": state["skipped_steps"],
+                                   "skipped_batches": state["skipped_batches"], **knn})
                 progress.update(step, loss=float(result.loss), samples_per_s=rate, data_wait=wait,
                                 eigenvalues=result.terms.get("eigenvalues"))
             # No periodic checkpoint right after a skipped update (statistics may be NaN); the last one always.
@@ -226,6 +251,7 @@ def _check_point(overrides: list[str], config_name: str | None) -> None:
 @hydra.main(config_path=f"pkg://{CONFIG_PACKAGE}", config_name="train", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from eigtrain.data import ShardError
     from eigtrain.launch import launch
@@ -233,11 +259,15 @@ def _hydra_main(cfg: DictConfig) -> None:
     # Hydra's output directory for this job: run_dir, or run_dir/<the point's overrides> in a multirun.
     # Made concrete here, so a job submitted to Slurm (and requeued) keeps it.
     cfg.run_dir = HydraConfig.get().runtime.output_dir
+    if HydraConfig.get().mode == RunMode.MULTIRUN:  # Hydra saved the sweep's command line: without credentials
+        redact_yaml_file(Path(HydraConfig.get().sweep.dir) / "multirun.yaml")
     try:
         validate(cfg, world_size=_job_world_size(cfg))
         launch(cfg.launcher, run, cfg)
     except ConfigError as exn:
         raise SystemExit(f"eigtrain-train: config error: {exn}") from None
+    except CorruptDataError as exn:  # past data.max_corrupt: one line naming the count and the last sample
+        raise SystemExit(f"eigtrain-train: {exn}") from None
     except (ShardError, TimeoutError) as exn:  # a shard that cannot be read, a stalled source: one line naming it
         raise SystemExit(f"eigtrain-train: data error: {exn}") from None
 

@@ -7,7 +7,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .moments import all_reduce_sum, full_fp32_matmul
+from .moments import (REDUCTIONS, all_reduce_sum, choose_reduction, device_scalar, exchange_sizes, full_fp32_matmul,
+                      gather_other_rows, world_size)
 from .nesting import Nesting
 
 
@@ -16,6 +17,11 @@ class Objective(nn.Module):
 
     moments(f, g, sequential, ctx) -> dict of local batch sums (tensors); summed over ranks.
     combine(stats, own) -> (loss, terms); own=True uses the sequential ("own") masks.
+
+    Across ranks the stats are exact either way: all-reduced (reduction='moments'), or every rank gathers the
+    other ranks' features and adds their moments to its own (reduction='gather'); 'auto' picks the cheaper by
+    `choose_reduction`, with `reduction_flops_per_byte` = matmul flop/s over per-rank link bytes/s.
+    local_batch: the expected per-rank batch, so that 'auto' needs no size exchange while moments win.
     """
 
     name = "objective"
@@ -23,9 +29,20 @@ class Objective(nn.Module):
     split_batch = False  # split-batch (even/odd) estimators need an even local batch
     default_pairs = False
     allows_pairs = True
+    # Keys every objective takes besides its family's coefficients (and their defaults, also the schema's).
+    # 1e3 flops/byte: an H100's fp32 matmul (~50 TFLOP/s) over a 400 Gb/s NDR link per GPU (benchmarks/scaling.md).
+    options: dict[str, Any] = {"reduction": "auto", "reduction_flops_per_byte": 1000.0}
 
-    def __init__(self, dim: int, nesting: Nesting, distributed: bool = True, pairs: bool | None = None, **coefficients):
+    def __init__(self, dim: int, nesting: Nesting, distributed: bool = True, pairs: bool | None = None,
+                 local_batch: int | None = None, **coefficients):
         super().__init__()
+        options = {k: coefficients.pop(k, default) for k, default in self.options.items()}
+        self.reduction, self.flops_per_byte = options["reduction"], float(options["reduction_flops_per_byte"])
+        if self.reduction not in REDUCTIONS:
+            raise ValueError(f"reduction={self.reduction!r} is unknown; allowed: {', '.join(REDUCTIONS)}")
+        if not self.flops_per_byte > 0:
+            raise ValueError(f"reduction_flops_per_byte must be positive, got {self.flops_per_byte}")
+        self.local_batch, self.last_route = local_batch, "moments"
         unknown = sorted(set(coefficients) - set(self.defaults))
         if unknown:
             allowed = ", ".join(self.defaults) or "none"
@@ -76,7 +93,7 @@ class Objective(nn.Module):
 
     def global_mean(self, *zs: torch.Tensor) -> torch.Tensor:
         """Mean over the global batch of the given (pooled) tensors, differentiable."""
-        s = {"sum": sum(z.sum(0) for z in zs), "n": zs[0].new_tensor(float(sum(len(z) for z in zs)))}
+        s = {"sum": sum(z.sum(0) for z in zs), "n": device_scalar(sum(len(z) for z in zs), zs[0])}
         s = all_reduce_sum(s, self.distributed)
         return s["sum"] / s["n"]
 
@@ -90,15 +107,46 @@ class Objective(nn.Module):
     def spectrum_features(self, f, g, ctx):
         return f, g
 
-    def _loss(self, f: torch.Tensor, g: torch.Tensor):
-        f, g, ctx = self.prepare(f, g)
+    def local_stats(self, f: torch.Tensor, g: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
+        """Every sum the loss needs, over the given rows."""
         stats = self.moments(f, g, False, ctx)
         if self.nesting.sequential:
             stats.update({"seq." + k: v for k, v in self.moments(f, g, True, ctx).items()})
         sf, sg = (z.detach() for z in self.spectrum_features(f, g, ctx))
         stats.update({"spec.fg": (sf * sg).sum(0), "spec.ff": sf.pow(2).sum(0), "spec.gg": sg.pow(2).sum(0)})
+        return stats
 
-        stats = all_reduce_sum(stats, self.distributed)
+    def route(self, stats: dict[str, torch.Tensor], f: torch.Tensor) -> tuple[str, list[int] | None]:
+        """('moments', None) or ('gather', every rank's batch size); the same answer on every rank."""
+        world = world_size() if self.distributed else 1
+        if world == 1 or self.reduction == "moments":
+            return "moments", None
+        numel, width, size = sum(v.numel() for v in stats.values()), 2 * f.shape[1], f.element_size()
+        # Gathering costs more with every row, so if it loses at the expected (or smallest) batch on every
+        # rank, it loses at any: no size exchange then. Sizes are exchanged only where gather may win.
+        if self.reduction == "auto":
+            expected = [self.local_batch or 2] * world
+            if choose_reduction(numel, width, expected, size, self.flops_per_byte) == "moments":
+                return "moments", None
+        sizes = exchange_sizes(len(f), f.device)
+        if self.reduction == "auto" and choose_reduction(numel, width, sizes, size, self.flops_per_byte) == "moments":
+            return "moments", None
+        return "gather", sizes
+
+    def _loss(self, f: torch.Tensor, g: torch.Tensor):
+        f, g, ctx = self.prepare(f, g)
+        stats = self.local_stats(f, g, ctx)
+        route, sizes = self.route(stats, f)
+        self.last_route = route  # for tests and logs
+        if route == "gather":
+            # This rank's own sums stay as they are; the others' rows arrive whole, and their moments are
+            # added. Ranks are concatenated in order (split-batch objectives keep each rank's even/odd split,
+            # as every local batch is even).
+            others = gather_other_rows(torch.cat([f, g], 1), sizes)
+            more = self.local_stats(others[:, : f.shape[1]], others[:, f.shape[1] :], ctx)
+            stats = {k: v + more[k] for k, v in stats.items()}
+        else:
+            stats = all_reduce_sum(stats, self.distributed)
         loss, terms = self.combine(stats, own=False)
         if self.nesting.sequential:
             seq = {k[4:]: v for k, v in stats.items() if k.startswith("seq.")}

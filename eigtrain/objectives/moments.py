@@ -138,3 +138,9 @@ def full_fp32_matmul(device_type: str):
         yield
     finally:
         set_matmul_tf32(previous)
+
+
+def device_scalar(value: float, like: torch.Tensor) -> torch.Tensor:
+    """A 0-d tensor of `like`'s dtype and device filled on the device (`new_tensor` of a Python number is a
+    blocking host-to-device copy on a GPU: one wait for the queue per call)."""
+    return torch.full((), float(value), dtype=like.dtype, device=like.device)
