@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .rayleigh_ritz import RRResult
+from .rayleigh_ritz import IN_SPAN_TOL, RRResult, spectral_k_report
 from .redact import redact_config
 
 TENSORS = "rr.safetensors"
@@ -112,6 +112,7 @@ def _write_export(result: RRResult, out: Path, source: dict, plot: bool) -> None
     tensors = {"eigenvalues": result.eigenvalues, "transform": result.transform, "mean": result.mean}
     if result.right_transform is not None:
         tensors.update(right_transform=result.right_transform, right_mean=result.right_mean)
+    tensors.update(_trivial_tensors(result))
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(out / TENSORS))
     manifest = {
         "format": EXPORT_FORMAT,
@@ -124,10 +125,37 @@ def _write_export(result: RRResult, out: Path, source: dict, plot: bool) -> None
         "dtype": str(result.transform.dtype).replace("torch.", ""),
         "eigenvalues": [float(v) for v in result.eigenvalues],
         "tensors": sorted(tensors),
+        **rr_manifest(result),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     if plot:
         plot_decay(result.eigenvalues, out / DECAY_PLOT, title=f"Rayleigh-Ritz ({result.mode}), n={result.n}")
+
+
+def _trivial_tensors(result: RRResult) -> dict:
+    """The excluded constant mode (eigenvalue 1 and its read-out z @ trivial_transform ~ 1) and, when the export
+    excludes it, the paper's convention solved on the same moments (paper_*: the constant kept as feature 1)."""
+    tensors = {}
+    if result.trivial is not None:
+        tensors["trivial_eigenvalue"] = torch.tensor([result.trivial["eigenvalue"]], dtype=result.eigenvalues.dtype)
+        tensors["trivial_transform"] = result.trivial["transform"]
+        if result.trivial.get("right_transform") is not None:
+            tensors["trivial_right_transform"] = result.trivial["right_transform"]
+    paper = result.extra.get("paper_convention")
+    if paper is not None:
+        tensors.update(paper_eigenvalues=paper.eigenvalues, paper_transform=paper.transform, paper_mean=paper.mean)
+        if paper.right_transform is not None:
+            tensors.update(paper_right_transform=paper.right_transform, paper_right_mean=paper.right_mean)
+    return {k: v.clone() for k, v in tensors.items()}  # safetensors refuses tensors sharing memory (means)
+
+
+def rr_manifest(result: RRResult) -> dict:
+    """The manifest's Rayleigh-Ritz facts: the trivial mode, how the dimensions were spent, the spectrum's k."""
+    trivial = {"handling": "keep" if result.trivial is None else "exclude"}
+    if result.trivial is not None:
+        trivial.update({k: v for k, v in result.trivial.items() if not isinstance(v, torch.Tensor)})
+        trivial["in_span"] = result.trivial["residual"] <= IN_SPAN_TOL
+    return {"trivial": trivial, "dimensions": result.dims, "spectral_k": spectral_k_report(result.eigenvalues)}
 
 
 def plot_decay(eigenvalues: torch.Tensor, path: str | os.PathLike, title: str = "") -> None:
@@ -166,13 +194,21 @@ class OrderedHead(nn.Module):
         return (z.to(t.dtype) - self.mean) @ t
 
 
-def load_head(path: str | os.PathLike, side: str = "left", dtype: torch.dtype = torch.float32) -> OrderedHead:
-    """Load an export directory (or its rr.safetensors) as an OrderedHead; side='right' for svd's a-side."""
+def load_head(path: str | os.PathLike, side: str = "left", dtype: torch.dtype = torch.float32,
+              convention: str = "export") -> OrderedHead:
+    """Load an export directory (or its rr.safetensors) as an OrderedHead; side='right' for svd's a-side.
+    convention='paper': the paper's convention stored beside an export that excludes the trivial mode."""
     path = Path(path)
     file = path / TENSORS if path.is_dir() else path
     if not file.exists():
         raise FileNotFoundError(f"no Rayleigh-Ritz export at {file}")
     t = load_file(str(file))
+    if convention == "paper":
+        if "paper_transform" not in t:
+            raise ValueError(f"{file} holds no paper-convention tensors (it was exported with trivial=keep)")
+        t = {k.removeprefix("paper_"): v for k, v in t.items() if k.startswith("paper_")}
+    elif convention != "export":
+        raise ValueError(f"convention={convention!r} is unknown; allowed: export, paper")
     if side == "right":
         if "right_transform" not in t:
             raise ValueError(f"{file} has no right-side tensors (it was not exported in svd mode)")

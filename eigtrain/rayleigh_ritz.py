@@ -8,7 +8,19 @@ merged exactly with Chan's parallel update across batches, workers and ranks), t
 - paper-rq / paper-vicreg / paper-lora: the paper's appendix-F algorithms, for reproduction.
 - svd: two encoders; whiten each side by its own Gram and take the SVD of the whitened cross moment.
 
-center=True removes the constant mode (pooled mean for one encoder, one mean per side for pairs).
+The trivial mode (README, "Rayleigh-Ritz"): the constant function is an eigenfunction of every pair kernel
+(eigenvalue / singular value 1) and every other one is orthogonal to it under the data distribution. With
+trivial="exclude" (default) the constant is put in the span and RR is solved on its complement (the moments
+centered: pooled mean for one encoder, one mean per side for pairs); the constant is returned separately
+(`RRResult.trivial`: eigenvalue 1 and its least-squares read-out from z) and the ordered features follow it.
+trivial="keep" is the paper's convention: RR on the raw span, where a span holding the constant (LoRA/SCL)
+returns it as feature 1. center=True (and paper-vicreg, which is centered by definition) removes the
+constant without exporting it. A centered embedding (RQ/VICReg) loses nothing either way.
+
+Rank-deficient embeddings (dead units, duplicated or dependent dimensions, d above the rank) are solved on
+the Gram's numerical range (eigenvalues above rtol * the largest); `RRResult.dims` says how many coordinates
+were dead (no variance over the data), dependent, or spent on the constant. ridge > 0 instead regularizes the
+Gram and keeps every dimension.
 """
 
 from __future__ import annotations
@@ -18,6 +30,8 @@ from dataclasses import dataclass, field
 import torch
 
 MODES = ("generalized", "paper-rq", "paper-vicreg", "paper-lora", "svd")
+TRIVIAL = ("exclude", "keep")
+IN_SPAN_TOL = 1e-6  # mean-square residual below which the span counts as holding the constant
 F64 = torch.float64
 
 
@@ -140,6 +154,8 @@ class RRResult:
     right_transform: torch.Tensor | None = None
     right_mean: torch.Tensor | None = None
     extra: dict = field(default_factory=dict)
+    trivial: dict | None = None  # the constant mode when excluded: eigenvalue, transform (z @ t ~ 1), residual
+    dims: dict = field(default_factory=dict)  # dim, dead, dependent, constant, features (and "right" for svd)
 
     def apply(self, z: torch.Tensor, k: int | None = None) -> torch.Tensor:
         return (z.to(F64) - self.mean.to(z.device)) @ self.transform[:, :k].to(z.device)
@@ -160,23 +176,13 @@ def _ridged(gram: torch.Tensor, ridge: float) -> torch.Tensor:
     return gram + ridge * (torch.trace(gram) / d) * torch.eye(d, dtype=F64, device=gram.device)
 
 
-def _check_conditioned(evals: torch.Tensor, rtol: float, what: str) -> None:
-    """Raise the clear error (never NaNs) when ascending eigenvalues `evals` are singular/ill-conditioned."""
-    top = evals[-1].clamp_min(0)
-    if not top > 0 or evals[0] <= rtol * top:
-        raise ValueError(
-            f"Rayleigh-Ritz: the Gram matrix of {what} is singular or ill-conditioned "
-            f"(smallest/largest eigenvalue = {(evals[0] / top).item() if top > 0 else float('nan'):.3g}, "
-            f"rtol={rtol:g}): some embedding dimensions are dead or linear combinations of others. "
-            f"Pass ridge=1e-6 (adds ridge * mean eigenvalue to the diagonal) or use fewer dimensions."
-        )
-
-
-def _inverse_sqrt(gram: torch.Tensor, ridge: float, rtol: float, what: str) -> torch.Tensor:
-    """(G + ridge)^{-1/2} with a clear error (never NaNs) when it is singular or ill-conditioned."""
-    evals, evecs = torch.linalg.eigh(_ridged(gram, ridge))
-    _check_conditioned(evals, rtol, what)
-    return evecs @ torch.diag(evals.rsqrt()) @ evecs.T
+def _range(gram: torch.Tensor, ridge: float, rtol: float, what: str):
+    """Eigenpairs of the (ridged) Gram on its numerical range: eigenvalues > rtol * the largest, descending."""
+    evals, evecs = _descending_eigh(_ridged(gram, ridge))
+    if not evals[0] > 0:
+        raise ValueError(f"Rayleigh-Ritz: every dimension of {what} is constant over the data (nothing to order)")
+    keep = evals > rtol * evals[0]
+    return evals[keep], evecs[:, keep]
 
 
 def _descending_eigh(sym: torch.Tensor):
@@ -194,39 +200,99 @@ def _fix_signs(*transforms: torch.Tensor) -> None:
         t.mul_(signs)
 
 
-def solve(acc: RRAccumulator, mode: str = "generalized", center: bool = False, ridge: float = 0.0, rtol: float = 1e-10) -> RRResult:
+def constant_readout(raw_gram: torch.Tensor, mean: torch.Tensor, rtol: float, live=None):
+    """(w, residual): the least-squares w with z @ w ~ 1 under the data (w = G^+ E[z] on G's numerical range,
+    over the `live` coordinates only when given) and E[(1 - z @ w)^2] = 1 - E[z]^T w (0: the span holds 1)."""
+    live = torch.ones_like(mean, dtype=torch.bool) if live is None else live
+    w = torch.zeros_like(mean)
+    if live.any():
+        evals, evecs = _range(raw_gram[live][:, live], 0.0, rtol, "the embedding")
+        w[live] = evecs @ ((evecs.T @ mean[live]) / evals)
+    return w, float((1 - mean @ w).clamp_min(0))
+
+
+def _dims_report(gram: torch.Tensor, raw_gram: torch.Tensor, mean: torch.Tensor, exclude: bool, rtol: float,
+                 features: int) -> dict:
+    """How the d coordinates were spent: dead (no variance over the data when the constant is excluded, no second
+    moment otherwise), constant (1 when live coordinates span the excluded constant), dependent (the rest of
+    the rank deficit of the unregularized Gram), features (ordered features exported)."""
+    diag = torch.diagonal(gram)
+    dead = diag <= rtol * diag.max().clamp_min(torch.finfo(F64).tiny)
+    evals = torch.linalg.eigvalsh((gram + gram.T) / 2)
+    rank = int((evals > rtol * evals[-1]).sum()) if evals[-1] > 0 else 0
+    constant = int(exclude and not dead.all() and constant_readout(raw_gram, mean, rtol, ~dead)[1] <= IN_SPAN_TOL)
+    d = len(diag)
+    return {"dim": d, "dead": int(dead.sum()), "constant": constant,
+            "dependent": max(0, d - int(dead.sum()) - constant - rank), "features": features}
+
+
+def solve(acc: RRAccumulator, mode: str = "generalized", center: bool = False, ridge: float = 0.0,
+          rtol: float = 1e-10, trivial: str = "exclude") -> RRResult:
     """Solve the Rayleigh-Ritz problem from accumulated moments (see the module docstring)."""
     if mode not in MODES:
         raise ValueError(f"rr mode={mode!r} is unknown; allowed: {', '.join(MODES)}")
+    if trivial not in TRIVIAL:
+        raise ValueError(f"rr trivial={trivial!r} is unknown; allowed: {', '.join(TRIVIAL)}")
     if (mode == "svd") != acc.pairs:
         raise ValueError(
             f"rr mode={mode!r} does not fit this data: use 'svd' for two encoders (pairs) and one of "
             f"{', '.join(m for m in MODES if m != 'svd')} for one encoder on two views"
         )
-    center = center or mode == "paper-vicreg"  # the paper's VICReg algorithm is centered (Welford)
+    exclude = trivial == "exclude"
+    center = center or exclude or mode == "paper-vicreg"  # the paper's VICReg algorithm is centered (Welford)
     gff, ggg, kfg, mf, mg = acc.second_moments(center)
-    right = right_mean = None
+    raw_f, raw_g, _, _, _ = acc.second_moments(False)
 
     if mode == "svd":
-        wf = _inverse_sqrt(gff, ridge, rtol, "the x-side embedding")
-        wg = _inverse_sqrt(ggg, ridge, rtol, "the a-side embedding")
-        u, s, vh = torch.linalg.svd(wf @ kfg @ wg)
-        k = min(acc.dim, acc.dim_right)
-        values, transform, right, right_mean = s[:k], wf @ u[:, :k], wg @ vh[:k].T, mg
+        (sf, uf), (sg, ug) = _range(gff, ridge, rtol, "the x-side embedding"), _range(ggg, ridge, rtol, "the a-side embedding")
+        wf, wg = uf * sf.rsqrt(), ug * sg.rsqrt()
+        u, s, vh = torch.linalg.svd(wf.T @ kfg @ wg)
+        k = min(wf.shape[1], wg.shape[1])
+        values, transform, right = s[:k], wf @ u[:, :k], wg @ vh[:k].T
         _fix_signs(transform, right)
-        return RRResult(values, transform, mf, mode, acc.n, right, right_mean)
+        result = RRResult(values, transform, mf, mode, acc.n, right, mg)
+        result.dims = {**_dims_report(gff, raw_f, acc.mean_f, exclude, rtol, k),
+                       "right": _dims_report(ggg, raw_g, acc.mean_g, exclude, rtol, k)}
+        if exclude:
+            (w, res), (wr, res_r) = (constant_readout(raw_f, acc.mean_f, rtol), constant_readout(raw_g, acc.mean_g, rtol))
+            result.trivial = {"eigenvalue": 1.0, "transform": w, "residual": res, "right_transform": wr, "right_residual": res_r}
+        return result
 
     gram = (gff + ggg) / 2  # both views sample the same marginal
     cross = (kfg + kfg.T) / 2  # T is self-adjoint: symmetrize the estimate
+    evals, evecs = _range(gram, ridge, rtol, "the embedding")
     if mode == "generalized":
-        w = _inverse_sqrt(gram, ridge, rtol, "the embedding")
-        values, y = _descending_eigh(w @ cross @ w)
+        w = evecs * evals.rsqrt()
+        values, y = _descending_eigh(w.T @ cross @ w)
         transform = w @ y
     elif mode in ("paper-rq", "paper-vicreg"):  # Algorithms F.1 / F.2: the basis is taken as orthonormal
-        values, transform = _descending_eigh(cross)
+        values, y = _descending_eigh(evecs.T @ cross @ evecs)  # (on the range: null directions are zero features)
+        transform = evecs @ y
     else:  # paper-lora, Algorithm F.3: LoRA features are Q sqrt(Sigma) psi*, so the Gram's spectrum
-        values, u = _descending_eigh(_ridged(gram, ridge))  # the ridge enters Sigma^{-1/2} as in the other modes
-        _check_conditioned(values.flip(0), rtol, "the embedding")
-        transform = u * values.rsqrt()
+        values, transform = evals, evecs * evals.rsqrt()  # the ridge enters Sigma^{-1/2} as in the other modes
     _fix_signs(transform)
-    return RRResult(values, transform, mf, mode, acc.n)
+    result = RRResult(values, transform, mf, mode, acc.n)
+    pooled, raw = (acc.mean_f + acc.mean_g) / 2, (raw_f + raw_g) / 2
+    result.dims = _dims_report(gram, raw, pooled, exclude, rtol, transform.shape[1])
+    if exclude:
+        w, res = constant_readout(raw, pooled, rtol)
+        result.trivial = {"eigenvalue": 1.0, "transform": w, "residual": res}
+    return result
+
+
+SPECTRAL_SHARES = (0.5, 0.9)
+
+
+def spectral_k(eigenvalues: torch.Tensor, share: float, power: int = 1) -> int:
+    """The smallest k whose first k eigenvalues (beyond the trivial mode; negative ones count 0) hold `share`
+    of the sum of lambda**power."""
+    mass = eigenvalues.double().clamp_min(0) ** power
+    if not mass.sum() > 0:
+        return len(mass)
+    return int((torch.cumsum(mass, 0) < share * mass.sum() * (1 - 1e-12)).sum()) + 1
+
+
+def spectral_k_report(eigenvalues: torch.Tensor) -> dict[str, int]:
+    """{"sum_0.9": k, "sum_sq_0.9": k, ...}: spectral_k at each share of sum(lambda) and sum(lambda^2)."""
+    return {f"{name}_{share:g}": spectral_k(eigenvalues, share, power)
+            for share in SPECTRAL_SHARES for name, power in (("sum", 1), ("sum_sq", 2))}

@@ -1,6 +1,7 @@
 """eigtrain-rr: one distributed pass of Rayleigh-Ritz, then an ordered-embedding export.
 
-    eigtrain-rr run_dir=DIR [split=train] [mode=generalized] [center=false] [out=DIR] [overwrite=false]
+    eigtrain-rr run_dir=DIR [split=train] [mode=generalized] [trivial=exclude|keep] [center=false] [ridge=0]
+                [out=DIR] [overwrite=false]
     eigtrain-rr checkpoint=DIR/step-N ...
     eigtrain-rr embeddings=FILE.npz out=DIR      # black-box embeddings: arrays z1, z2 (N x d) of positive pairs
     eigtrain-rr embeddings=DIR out=DIR           # the same, streamed from chunks (see eigtrain.embedding_files)
@@ -27,8 +28,8 @@ from . import dist as edist
 from . import embedding_files
 from .cli import compose_dataclass
 from .data.augment import PRESETS
-from .export import check_export_target, file_sha256, files_sha256, save_export
-from .rayleigh_ritz import MODES, RRAccumulator, solve
+from .export import check_export_target, file_sha256, files_sha256, rr_manifest, save_export
+from .rayleigh_ritz import MODES, TRIVIAL, RRAccumulator, solve
 
 
 @dataclass
@@ -65,8 +66,10 @@ class RRJobConfig:
     out: str | None = None
     overwrite: bool = False  # replace an earlier eigtrain-rr export at out= (anything else there is refused)
     mode: str = "generalized"
+    trivial: str = "exclude"  # exclude: the constant mode is exported apart, features follow it; keep: the paper's
     center: bool = False
-    ridge: float = 0.0
+    ridge: float = 0.0  # > 0: regularize the Gram (every dimension kept) instead of solving on its numerical range
+    rank_rtol: float = 1e-10  # the numerical range: Gram eigenvalues above rank_rtol * the largest
     split: str = "train"
     batch_size: int = 512
     num_workers: int = 2
@@ -82,6 +85,10 @@ class RRJobConfig:
             raise ValueError(f"give exactly one of run_dir=, checkpoint=, embeddings=, encoder= (got {given or 'none'})")
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is unknown; allowed: {', '.join(MODES)}")
+        if self.trivial not in TRIVIAL:
+            raise ValueError(f"trivial={self.trivial!r} is unknown; allowed: {', '.join(TRIVIAL)}")
+        if not 0 < self.rank_rtol < 1:
+            raise ValueError(f"rank_rtol={self.rank_rtol} must lie in (0, 1)")
         if (self.embeddings or self.encoder.name) and not self.out:
             raise ValueError(f"{given[0]}= needs out=DIR for the export")
         if self.encoder.name:
@@ -113,6 +120,23 @@ def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, blo
     return acc, embedding_files.total_rows(chunks)
 
 
+def solve_both_conventions(acc: RRAccumulator, cfg: RRJobConfig):
+    """The export's solve; when it excludes the trivial mode, the paper's convention rides along (paper_*)."""
+    kwargs = dict(center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol)
+    result = solve(acc, cfg.mode, trivial=cfg.trivial, **kwargs)
+    if cfg.trivial == "exclude":
+        result.extra["paper_convention"] = solve(acc, cfg.mode, trivial="keep", **kwargs)
+    return result
+
+
+def dimensions_line(dims: dict) -> str:
+    """One line on how the embedding's dimensions were spent (both sides for svd)."""
+    sides = [("", dims)] + ([("a-side: ", dims["right"])] if "right" in dims else [])
+    parts = [f"{p}{d['features']} ordered features from {d['dim']} dimensions ({d['dead']} dead, {d['dependent']} "
+             f"dependent{', 1 spanning the constant' if d['constant'] else ''})" for p, d in sides]
+    return "eigtrain-rr: " + "; ".join(parts)
+
+
 def select_device(cfg: RRJobConfig, env) -> torch.device:
     """cfg.device, with `auto` = this rank's GPU when there is one (bound as the trainer binds it)."""
     return edist.select_device(env, cfg.device)
@@ -142,12 +166,14 @@ def run(cfg: RRJobConfig) -> dict:
     acc.all_reduce()
     if acc.n != expected:
         raise RuntimeError(f"Rayleigh-Ritz saw {acc.n} samples but the source holds {expected}: samples were lost or duplicated")
-    result = solve(acc, cfg.mode, center=cfg.center, ridge=cfg.ridge)
-    summary = {"out": str(out), "n": acc.n, "mode": cfg.mode, "eigenvalues": [round(float(v), 6) for v in result.eigenvalues[:16]]}
+    result = solve_both_conventions(acc, cfg)
+    summary = {"out": str(out), "n": acc.n, "mode": cfg.mode, "eigenvalues": [round(float(v), 6) for v in result.eigenvalues[:16]],
+               **rr_manifest(result)}
     if env.rank == 0:
         save_export(result, out, {**source, "split": cfg.split if not cfg.embeddings else None, "center": cfg.center},
                     overwrite=cfg.overwrite)  # atomic
         print(json.dumps(summary, indent=1))
+        print(dimensions_line(result.dims))
     edist.barrier()
     return summary
 

@@ -28,16 +28,21 @@ def test_embeddings_mode_matches_scipy_generalized_eigh_and_round_trips(tmp_path
     out = tmp_path / "rr"
     assert rr_main([f"embeddings={path}", f"out={out}"]) == 0
 
-    gram = (z1.T @ z1 + z2.T @ z2) / (2 * len(z1))
-    cross = (z1.T @ z2 + z2.T @ z1) / (2 * len(z1))
-    lam, vecs = scipy.linalg.eigh(cross, gram)
-    lam, vecs = lam[::-1], vecs[:, ::-1]
+    def scipy_rr(c1, c2):
+        gram = (c1.T @ c1 + c2.T @ c2) / (2 * len(c1))
+        cross = (c1.T @ c2 + c2.T @ c1) / (2 * len(c1))
+        lam, vecs = scipy.linalg.eigh(cross, gram)
+        return lam[::-1], vecs[:, ::-1]
 
     tensors = load_file(str(out / "rr.safetensors"))
-    assert set(tensors) == {"eigenvalues", "transform", "mean"}
-    np.testing.assert_allclose(tensors["eigenvalues"].numpy(), lam, rtol=1e-10, atol=1e-12)
-    signs = np.sign((tensors["transform"].numpy() * vecs).sum(0))
-    np.testing.assert_allclose(tensors["transform"].numpy() * signs, vecs, atol=1e-9)
+    assert set(tensors) == {"eigenvalues", "transform", "mean", "trivial_eigenvalue", "trivial_transform",
+                            "paper_eigenvalues", "paper_transform", "paper_mean"}
+    pooled = (z1.mean(0) + z2.mean(0)) / 2  # default: the constant mode excluded, i.e. RR on centered moments
+    for prefix, (lam, vecs) in (("", scipy_rr(z1 - pooled, z2 - pooled)), ("paper_", scipy_rr(z1, z2))):
+        np.testing.assert_allclose(tensors[prefix + "eigenvalues"].numpy(), lam, rtol=1e-10, atol=1e-12)
+        signs = np.sign((tensors[prefix + "transform"].numpy() * vecs).sum(0))
+        np.testing.assert_allclose(tensors[prefix + "transform"].numpy() * signs, vecs, atol=1e-9)
+    assert tensors["trivial_eigenvalue"].item() == 1.0
 
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["n"] == 3000 and manifest["mode"] == "generalized" and manifest["dim"] == 6

@@ -1,0 +1,124 @@
+"""Rayleigh-Ritz's trivial mode (the constant eigenfunction) and rank-deficient embeddings (issue 22)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eigtrain.rayleigh_ritz import RRAccumulator, solve
+from eigtrain.rr_job import main as rr_main
+from tests.test_rayleigh_ritz import _assert_same_functions, _empirical_eigenfunctions, _stream, _symmetric_pairs
+from tests.test_rr_external import foreign_shards  # noqa: F401  (the fixture: 480 digit images, webdataset shards)
+
+STATES = 7
+
+
+def _kernel_embedding(first: int, d: int, offset: bool = False, seed: int = 1):
+    """An arbitrary invertible mix of the true eigenfunctions first..first+d-1 of a finite kernel, per state."""
+    a, b = _symmetric_pairs(STATES)
+    lam, psi = _empirical_eigenfunctions(a, b, STATES)
+    rng = np.random.default_rng(seed)
+    table = psi[:, first : first + d] @ (rng.normal(size=(d, d)) + 2 * np.eye(d))
+    if offset:
+        table = table + rng.normal(size=d)
+    return a, b, lam, psi, table
+
+
+def _acc(table, a, b, d):
+    return _stream(RRAccumulator(d), torch.from_numpy(table[a]), torch.from_numpy(table[b]))
+
+
+@pytest.mark.parametrize("mode", ["generalized", "paper-rq", "paper-lora"])
+def test_span_holding_the_constant_returns_it_as_the_trivial_mode(mode):
+    d = 4
+    a, b, lam, psi, table = _kernel_embedding(0, d)  # psi_1 = 1 is in the span (a LoRA/SCL embedding)
+    acc = _acc(table, a, b, d)
+    res = solve(acc, mode)
+    assert res.trivial["eigenvalue"] == 1.0 and res.trivial["residual"] < 1e-10
+    np.testing.assert_allclose(table @ res.trivial["transform"].numpy(), 1.0, atol=1e-9)  # its read-out is 1
+    assert res.dims == {"dim": 4, "dead": 0, "constant": 1, "dependent": 0, "features": 3}
+    features = res.apply(torch.from_numpy(table)).numpy()
+    p = np.bincount(np.concatenate([a, b]), minlength=STATES) / (2 * len(a))
+    np.testing.assert_allclose(p @ features, 0.0, atol=1e-10)  # every ordered feature is orthogonal to 1
+    if mode == "generalized":  # and they are the next eigenpairs, in order
+        np.testing.assert_allclose(res.eigenvalues.numpy(), lam[1:d], atol=1e-10)
+        _assert_same_functions(features, psi[:, 1:d], atol=1e-9)
+    kept = solve(acc, mode, trivial="keep")  # the paper's convention: the constant is feature 1
+    assert kept.trivial is None and kept.transform.shape[1] == d
+    if mode == "generalized":
+        assert abs(kept.eigenvalues[0].item() - 1.0) < 1e-12
+        np.testing.assert_allclose(np.abs(kept.apply(torch.from_numpy(table))[:, 0].numpy()), 1.0, atol=1e-9)
+
+
+@pytest.mark.parametrize("offset", [False, True])
+def test_centered_kernel_embedding_loses_nothing(offset):
+    """RQ/VICReg's reading: features of psi_2..psi_{d+1} (any mean: VICReg's loss ignores it)."""
+    d = 3
+    a, b, lam, psi, table = _kernel_embedding(1, d, offset=offset)
+    acc = _acc(table, a, b, d)
+    res = solve(acc)
+    assert res.trivial["residual"] > 0.1  # the span does not hold the constant
+    assert res.dims == {"dim": 3, "dead": 0, "constant": 0, "dependent": 0, "features": 3}
+    np.testing.assert_allclose(res.eigenvalues.numpy(), lam[1 : d + 1], atol=1e-10)
+    _assert_same_functions(res.apply(torch.from_numpy(table)).numpy(), psi[:, 1 : d + 1], atol=1e-9)
+    centered = solve(acc, center=True, trivial="keep")  # one rule: excluding the trivial mode == centering
+    torch.testing.assert_close(res.transform, centered.transform, rtol=0, atol=1e-12)
+    if not offset:  # mean zero: the paper's convention gives the same features
+        torch.testing.assert_close(res.eigenvalues, solve(acc, trivial="keep").eigenvalues, rtol=0, atol=1e-12)
+
+
+def _rank_deficient(n=2000, seed=0):
+    """6 coordinates: 3 informative, a copy of the first, an all-zero (dead ReLU) one, a sum of two others."""
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(n, 3, generator=gen, dtype=torch.float64)
+    other = 0.8 * base + 0.6 * torch.randn(n, 3, generator=gen, dtype=torch.float64)
+    widen = lambda z: torch.cat([z, z[:, :1], torch.zeros(len(z), 1, dtype=z.dtype), z[:, 1:2] + z[:, 2:3]], 1)  # noqa: E731
+    return widen(base), widen(other), base, other
+
+
+@pytest.mark.parametrize("mode", ["generalized", "paper-rq", "paper-vicreg", "paper-lora"])
+@pytest.mark.parametrize("trivial", ["exclude", "keep"])
+def test_duplicated_and_dead_dimensions_solve_on_the_range_without_a_ridge(mode, trivial):
+    z1, z2, base, other = _rank_deficient()
+    acc = RRAccumulator(6)
+    acc.update(z1, z2)
+    res = solve(acc, mode, trivial=trivial)
+    assert res.dims == {"dim": 6, "dead": 1, "constant": 0, "dependent": 2, "features": 3}
+    assert res.transform.shape == (6, 3) and torch.isfinite(res.transform).all()
+    if mode == "generalized":  # basis-free: the same eigenpairs as the 3 informative coordinates alone
+        small = RRAccumulator(3)
+        small.update(base, other)
+        torch.testing.assert_close(res.eigenvalues, solve(small, trivial=trivial).eigenvalues, rtol=1e-9, atol=1e-12)
+    assert solve(acc, mode, trivial=trivial, ridge=1e-6).transform.shape == (6, 6)  # the ridge keeps every dimension
+
+
+def test_svd_excludes_the_constant_pair_and_restricts_each_side():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3000, 3, generator=gen, dtype=torch.float64)
+    y = x @ torch.randn(3, 3, generator=gen, dtype=torch.float64) + torch.randn(3000, 3, generator=gen, dtype=torch.float64)
+    ones = torch.ones(3000, 1, dtype=torch.float64)
+    acc = RRAccumulator(5, pairs=True, dim_right=4)
+    acc.update(torch.cat([x + 2.0, ones, x[:, :1] + 2.0], 1), torch.cat([y - 1.0, ones], 1))  # bias units on both sides
+    res = solve(acc, "svd")
+    assert res.trivial["residual"] < 1e-10 and res.trivial["right_residual"] < 1e-10
+    assert res.dims["dead"] == 1 and res.dims["dependent"] == 1 and res.dims["features"] == 3
+    assert res.dims["right"] == {"dim": 4, "dead": 1, "constant": 0, "dependent": 0, "features": 3}
+    assert res.eigenvalues.max() < 1 - 1e-3  # the constant pair (singular value 1) is not among the ordered ones
+
+
+def test_random_resnet18_over_image_shards_exports_without_a_ridge(foreign_shards, tmp_path, capsys):
+    """A randomly initialised timm ResNet-18 (512 ReLU-pooled dimensions) over 480 digit images at 32 px."""
+    out = tmp_path / "rr"
+    assert rr_main(["encoder=timm:resnet18", f"data.shards={foreign_shards}", "data.augment=cifar", "data.image_size=32",
+                    f"out={out}", "batch_size=120", "num_workers=0"]) == 0
+    printed = capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    dims = manifest["dimensions"]
+    assert dims["dim"] == 512 and dims["dead"] + dims["dependent"] + dims["constant"] > 0
+    assert dims["features"] == 512 - dims["dead"] - dims["dependent"] - dims["constant"] == manifest["num_features"]
+    assert f"{dims['features']} ordered features from 512 dimensions ({dims['dead']} dead, {dims['dependent']} dependent" in printed
+    tensors = load_file(str(out / "rr.safetensors"))
+    assert torch.isfinite(tensors["transform"]).all() and tensors["transform"].shape == (512, dims["features"])
+    assert manifest["trivial"]["handling"] == "exclude" and tensors["trivial_eigenvalue"].item() == 1.0
