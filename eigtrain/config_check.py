@@ -51,7 +51,7 @@ def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
     _choice("device", cfg.device, ("auto", "cpu", "cuda"))
     if cfg.engine.name == "deepspeed":
         _choice("engine.zero_stage", cfg.engine.zero_stage, ZERO_STAGES)
-    for key in ("steps", "batch_size", "dim", "checkpoint_every", "log_every", "keep_last"):
+    for key in ("steps", "batch_size", "dim", "checkpoint_every", "log_every", "keep_last", "signal_check_every"):
         _positive_int(key, cfg[key])
     for key in ("stop_after", "micro_batch_size", "cpu_threads"):
         if cfg[key] is not None:

@@ -327,13 +327,17 @@ def install_stop_handler(requeue_signal: int | None = signal.SIGUSR2,
     _StopState.installed, _StopState.requeue_signal = True, requeue_signal
 
 
-def stop_requested() -> bool:
+def stop_requested(poll: bool = True) -> bool:
     """Whether any rank got a stop signal; the same answer on every rank. Call at step boundaries on
-    all ranks (one small all-reduce when a handler is installed, free otherwise). Once True, stays True."""
+    all ranks (one small all-reduce when a handler is installed, free otherwise). Once True, stays True.
+    With several ranks only a call with `poll` (the same on every rank) asks the others: the all-reduce and
+    its read-back wait for the GPU queue, so the trainer polls every few steps, not at each one."""
     if not _StopState.installed:
         return False
     if _StopState.stopped:
         return True
+    if not poll and dist.is_initialized():
+        return False
     got = _StopState.received
     _StopState.stopped, _StopState.requeue = all_ranks_any(bool(got), _StopState.requeue_signal in got)
     return _StopState.stopped

@@ -30,6 +30,7 @@ import submitit
 from submitit.core.job_environment import JobEnvironment
 
 from eigtrain import dist
+from eigtrain.launch.slurm_capacity import check_fits, never_starts
 from eigtrain.schema import SlurmLauncherConfig
 
 # Every key and its default: eigtrain.schema.SlurmLauncherConfig (configs/launcher/slurm.yaml documents them).
@@ -197,6 +198,7 @@ def submit(cfg: Mapping, fn: Callable, *args, **kwargs) -> submitit.Job:
     """Submit `fn(*args, **kwargs)` as one Slurm job; print its id and logs; wait if `cfg.wait`."""
     c = _config(cfg)
     executor = make_executor(c)
+    check_fits(c)  # a request no node of the partition can hold would stay PENDING for ever
     job = executor.submit(RequeueableCall(fn, c["max_requeues"], c["save_on_signal"]), *args, **kwargs)
     print(f"submitted Slurm job {job.job_id} ({c['nodes']} node(s) x {c['tasks_per_node']} task(s))\n"
           f"  stdout: {job.paths.stdout}\n  stderr: {job.paths.stderr}\n  folder: {job.paths.folder}",
@@ -234,7 +236,12 @@ def wait(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 2.0)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     ended_at = None
     while not job.done():
-        state = slurm_state(job.job_id)
+        fields = _job_fields(job.job_id)
+        state = fields.get("JobState")
+        if (never := never_starts(fields)) is not None:
+            subprocess.run(["scancel", str(job.job_id)], capture_output=True, timeout=60)
+            raise JobFailedError(f"Slurm job {job.job_id} can never start ({never}); cancelled it. "
+                                 f"logs: {job.paths.folder}")
         if state in _RUNNING_STATES:
             ended_at = None
         elif _failed_tasks(job):  # ended, and the ranks killed after the failure left no result

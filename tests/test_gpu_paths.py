@@ -11,7 +11,7 @@ import torchvision.io
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from eigtrain.data import gpu_decode
+from eigtrain.data import augment, gpu_decode
 from eigtrain.data.stream import ShardStream
 from eigtrain.data.write import main as write_shards_cli
 from eigtrain.engine.base import enable_cuda_fast_paths, guarded_step
@@ -177,3 +177,49 @@ def test_guarded_step_launches_do_not_grow_with_the_parameter_count(which):
     """A clone and a where per parameter and state tensor made small models launch-bound on a GPU; the guard
     now works on one flat buffer per (device, dtype): a handful of ops whatever the number of tensors."""
     assert _guard_kernels(16, which) == _guard_kernels(2, which)
+
+
+# ---------------------------------------------------------------------------------------------- colour jitter
+
+
+def _jitter_reference(x, recipe, draws):
+    """The accelerator path's colour jitter before folding: each operation on the whole batch, kept by `where`."""
+    factors, order, apply = draws.jitter
+    b, c, s, h = recipe.jitter
+    active = [b > 0, c > 0, s > 0 and x.shape[1] == 3, h > 0 and x.shape[1] == 3]
+    for step in range(4):
+        for op in range(4):
+            if active[op]:
+                chosen = apply & (order[:, step] == op)
+                x = augment._where(x, chosen, augment._COLOUR_OPS[op], factors[op].view(-1, 1, 1, 1))
+    return x
+
+
+class _CountFullSize(TorchDispatchMode):
+    """Whole-batch tensors written (the memory traffic that dominates on a GPU)."""
+
+    def __init__(self, numel):
+        super().__init__()
+        self.numel, self.count = numel, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            self.count += sum(t.numel() >= self.numel for t in torch.utils._pytree.tree_leaves(out)
+                              if isinstance(t, torch.Tensor))
+        return out
+
+
+@pytest.mark.parametrize("preset,channels", [("cifar", 3), ("imagenet", 3), ("cifar", 1)])
+def test_folded_colour_jitter_equals_each_operation_applied_in_turn(preset, channels):
+    recipe = augment.PRESETS[preset][0]
+    recipe = augment.ViewRecipe(jitter=recipe.jitter, jitter_p=recipe.jitter_p)  # jitter only
+    x = torch.rand(64, channels, 12, 12, generator=torch.Generator().manual_seed(1))
+    draws = augment._draw(recipe, augment._Sampler(torch.Generator().manual_seed(2), x.device, 64), x.shape,
+                          (12, 12), None)
+    with _CountFullSize(x.numel()) as reference_traffic:
+        expected = _jitter_reference(x.clone(), recipe, draws)
+    with _CountFullSize(x.numel()) as folded_traffic:
+        folded = augment._colour_blur_solarize(x.clone(), recipe, draws, augment._where)
+    assert torch.equal(folded, expected)
+    assert folded_traffic.count < 0.75 * reference_traffic.count, (folded_traffic.count, reference_traffic.count)

@@ -1,14 +1,22 @@
 """At most one host synchronisation per training step outside logging/checkpoint steps.
 
 On CPU there is no device to wait for, so the test counts the calls that would block on a GPU: reading a tensor
-back to Python (`.item()`, `float()`, `int()`, `bool()`, `.tolist()`, `.numpy()`, `.cpu()`) and data-dependent
-shapes (`nonzero`), attributed to the step during which they happen.
+back to Python (`.item()`, `float()`, `int()`, `bool()`, `.tolist()`, `.numpy()`, `.cpu()`), data-dependent
+shapes (`nonzero`), and blocking copies from the host (`new_tensor`, `torch.tensor(..., device=)`, `.to(device)`
+without ``non_blocking=True``), attributed to the step during which they happen.
 """
 
+import signal
+import sys
+
+import numpy as np
 import pytest
 import torch
+import torch.distributed as torch_dist
 
+from eigtrain import dist
 from eigtrain.data import augment as augment_module
+from eigtrain.data.write import main as write_shards_cli
 from eigtrain.metrics_log import Throughput
 from eigtrain.train import compose_config, run
 from tests.test_train_support import digits_root, overrides  # noqa: F401
@@ -32,6 +40,25 @@ def counted_syncs(monkeypatch):
     for name in SYNCING:
         monkeypatch.setattr(torch.Tensor, name, counting(name, getattr(torch.Tensor, name)))
     monkeypatch.setattr(torch, "nonzero", counting("torch.nonzero", torch.nonzero))
+    monkeypatch.setattr(torch.Tensor, "new_tensor", counting("new_tensor", torch.Tensor.new_tensor))
+    tensor, to = torch.tensor, torch.Tensor.to
+
+    def ours() -> bool:  # called from eigtrain's code (torch's internals move tensors within one device)
+        return "/eigtrain/" in sys._getframe(2).f_code.co_filename
+
+    def host_tensor(*args, **kwargs):  # a host-to-device copy when a device is named
+        if kwargs.get("device") is not None and ours():
+            counts.setdefault(step[0], []).append("torch.tensor(device=)")
+        return tensor(*args, **kwargs)
+
+    def blocking_to(self, *args, **kwargs):  # a copy to a device that waits for it, unless non_blocking
+        if ours() and not kwargs.get("non_blocking") and (kwargs.get("device") is not None or any(
+                isinstance(a, (torch.device, str)) for a in args)):
+            counts.setdefault(step[0], []).append("to(device)")
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", host_tensor)
+    monkeypatch.setattr(torch.Tensor, "to", blocking_to)
     # Augmentation on the CPU reads its random draws back on purpose (free there); check the accelerator path.
     monkeypatch.setattr(augment_module, "host_reads_are_free", lambda device: False)
     add = Throughput.add
@@ -58,3 +85,42 @@ def test_at_most_one_host_sync_per_step(counted_syncs, digits_root, tmp_path, ex
     per_step = {s: counted_syncs.get(s, []) for s in range(1, STEPS)}
     assert all(len(calls) <= 1 for calls in per_step.values()), per_step
     assert counted_syncs.get(STEPS), "the counter sees the logging step's reads (it is not blind)"
+
+
+@pytest.fixture(scope="module")
+def rgb_root(tmp_path_factory):
+    """RGB PNG shards of 12x10 images (the digits are grayscale: no hue jitter there)."""
+    tmp = tmp_path_factory.mktemp("rgb")
+    images = np.random.default_rng(0).integers(0, 256, size=(256, 3, 12, 10), dtype=np.uint8)
+    np.savez(tmp / "rgb.npz", x=images, y=np.arange(256) % 4)
+    write_shards_cli(["source=npz", f"path={tmp / 'rgb.npz'}", f"out={tmp / 'shards'}", "shard_size=64"])
+    return tmp / "shards"
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A real (one-process) gloo group: the collectives a multi-rank job makes run, and are counted."""
+    torch_dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
+    yield
+    torch_dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_hue_jitter_whole_images_and_save_on_signal_add_no_host_sync(counted_syncs, rgb_root, tmp_path,
+                                                                    one_rank_group, monkeypatch):
+    """cifar's colour jitter with hue on RGB images padded whole (valid sizes travel with the batch), with the
+    save-on-signal handler installed in a process group: the syncs the digits preset cannot show."""
+    monkeypatch.setattr(dist._StopState, "installed", False)
+    dist.install_stop_handler(requeue_signal=None, stop_signals=(signal.SIGUSR1,))
+    previous = signal.getsignal(signal.SIGUSR1)
+    cfg = compose_config(overrides(tmp_path / "run", rgb_root, f"steps={STEPS}", f"log_every={STEPS}",
+                                   f"checkpoint_every={STEPS}", "data.augment=cifar", "data.image_size=[12,10]",
+                                   "data.image_fit=whole", "data.view_size=[8,8]"))
+    try:
+        result = run(cfg)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        monkeypatch.setattr(dist._StopState, "installed", False)
+    assert result["step"] == STEPS
+    per_step = {s: counted_syncs.get(s, []) for s in range(1, STEPS)}
+    assert all(len(calls) <= 1 for calls in per_step.values()), per_step

@@ -74,6 +74,48 @@ def test_default_resources_follow_the_data_workers_and_bind_gpus(slurm_cluster):
     assert "--mem-per-cpu=8G" in sbatch_options("launcher.mem_per_cpu=8G")
 
 
+def node_cpus() -> int:
+    return int(subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, check=True).stdout.split()[0])
+
+
+def test_a_request_no_node_can_hold_is_refused_before_submission(slurm_cluster, tmp_path):
+    """2 tasks x (node's CPUs) CPUs: Slurm would accept it and keep it PENDING (PartitionConfig) for ever."""
+    cpus = node_cpus()
+    with pytest.raises(ValueError, match=rf"could never start: it asks 1 node\(s\) of 2 task\(s\) x {cpus} CPU\(s\) = "
+                                         rf"{2 * cpus} CPUs.*partition 'debug' has 0 node\(s\) that can hold it .*"
+                                         r"lower launcher.tasks_per_node, launcher.cpus_per_task"):
+        submit(launcher(tmp_path / "slurm", cpus_per_task=cpus), all_reduce_job, str(tmp_path))
+    assert not (tmp_path / "slurm").exists() or not list((tmp_path / "slurm").glob("*_submission.sh"))
+    with pytest.raises(ValueError, match=r"launcher.partition='nope' is not a partition of this cluster; "
+                                         r"partitions: debug"):
+        submit(launcher(tmp_path / "slurm", partition="nope"), all_reduce_job, str(tmp_path))
+
+
+def test_waiting_on_a_job_that_can_never_start_ends_with_one_line(slurm_cluster, tmp_path):
+    from eigtrain.launch.slurm import RequeueableCall, make_executor, slurm_state
+
+    cfg = launcher(tmp_path / "slurm", cpus_per_task=node_cpus())  # submitted as an older eigtrain did: unchecked
+    job = make_executor(cfg).submit(RequeueableCall(all_reduce_job, 0, False), str(tmp_path))
+    try:
+        with pytest.raises(JobFailedError) as failed:
+            wait(job, poll_s=0.5, timeout_s=90)
+        message = str(failed.value)
+        assert "\n" not in message and re.match(rf"Slurm job {job.job_id} can never start \(PartitionConfig: it asks "
+                                                 r"more than the partition's nodes have .*\); cancelled it", message)
+        assert slurm_state(job.job_id) in ("CANCELLED", None)
+    finally:
+        subprocess.run(["scancel", job.job_id])
+
+
+def test_pending_reasons_that_mean_never_and_those_that_mean_later():
+    from eigtrain.launch.slurm_capacity import never_starts
+
+    assert never_starts({"JobState": "PENDING", "Reason": "PartitionTimeLimit"}).startswith("PartitionTimeLimit: its")
+    for fields in ({"JobState": "PENDING", "Reason": "Resources"}, {"JobState": "PENDING", "Reason": "Priority"},
+                   {"JobState": "RUNNING", "Reason": "None"}, {"JobState": "PENDING", "Reason": "ReqNodeNotAvail"}):
+        assert never_starts(fields) is None
+
+
 @pytest.mark.slow
 def test_slurm_sweep_submits_one_job_per_point_with_the_default_resources(slurm_cluster, tmp_path):
     out = subprocess.run(

@@ -27,6 +27,7 @@ then normalization ``(x / 255 - mean) / std``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -37,7 +38,6 @@ from torch import nn
 
 GRAY_WEIGHTS = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale
 SOLARIZE_THRESHOLD = 128 / 255  # PIL's ImageOps.solarize default, as in VICReg
-_HUE_OFFSETS = torch.tensor([5.0, 3.0, 1.0]).view(1, 3, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,7 @@ class _Sampler:
 
     def uniform(self, lo: float, hi: float, *shape: int) -> torch.Tensor:
         u = torch.rand((self.batch, *shape), generator=self.generator, device=self.source)
-        return (lo + (hi - lo) * u).to(self.device)
+        return (lo + (hi - lo) * u).to(self.device, non_blocking=True)  # usually already there
 
     def bernoulli(self, p: float) -> torch.Tensor:
         return self.uniform(0.0, 1.0) < p
@@ -214,7 +214,7 @@ def _draw(recipe: ViewRecipe, rand: _Sampler, shape, size, sizes: torch.Tensor |
         H = torch.full((B,), float(shape[2]), device=rand.device)
         W = torch.full((B,), float(shape[3]), device=rand.device)
     else:
-        sizes = sizes.to(rand.device, torch.float32)
+        sizes = sizes.to(rand.device, torch.float32, non_blocking=True)  # no wait for the device's queue
         H, W = sizes[:, 0], sizes[:, 1]
     boxes, flip = _crop_boxes(recipe, rand, H, W, size)
     draws = _Draws(torch.stack([H, W], 1), boxes, flip)
@@ -320,11 +320,14 @@ def _colour_blur_solarize(x: torch.Tensor, recipe: ViewRecipe, draws, pick) -> t
         factors, order, apply = draws.jitter
         b, c, s, h = recipe.jitter
         active = [b > 0, c > 0, s > 0 and x.shape[1] == 3, h > 0 and x.shape[1] == 3]
-        for step in range(4):
-            for op in range(4):
-                if active[op]:
-                    chosen = _chosen(pick, apply, order, step, op)
-                    x = pick(x, chosen, _COLOUR_OPS[op], _column(factors[op]))
+        if pick is _where:
+            x = _jitter_folded(x, factors, order, apply, active)
+        else:
+            for step in range(4):
+                for op in range(4):
+                    if active[op]:
+                        chosen = _chosen(pick, apply, order, step, op)
+                        x = pick(x, chosen, _COLOUR_OPS[op], _column(factors[op]))
     if draws.gray is not None:
         x = pick(x, draws.gray, lambda y: gray(y).expand_as(y).contiguous())
     if draws.blur is not None:
@@ -337,9 +340,34 @@ def _colour_blur_solarize(x: torch.Tensor, recipe: ViewRecipe, draws, pick) -> t
     return x
 
 
-def _chosen(pick, apply, order, step: int, op: int):
-    if pick is _where:
-        return apply & (order[:, step] == op)
+def _jitter_folded(x: torch.Tensor, factors: torch.Tensor, order: torch.Tensor, apply: torch.Tensor,
+                   active: list[bool]) -> torch.Tensor:
+    """The accelerator path's colour jitter: at each of the four positions of the samples' orders, brightness,
+    contrast and saturation are one blend ``f*x + (1-f)*target`` (target 0, the mean gray or the gray image; f = 1
+    where a sample does none of them), then hue where chosen: 4 whole-batch blends instead of 12 evaluations and
+    `where`s, with results equal to applying each operation with `_where` (tests/test_gpu_paths.py keeps that as
+    the reference)."""
+    for step in range(4):
+        op = order[:, step]
+        does = [apply & (op == i) if active[i] else None for i in range(4)]
+        if any(active[:3]):
+            blend = functools.reduce(torch.logical_or, [d for d in does[:3] if d is not None])
+            f = _column(torch.where(blend, factors.gather(0, op[None])[0], 1.0))
+            target = torch.zeros((), device=x.device)  # brightness
+            if active[1] or active[2]:
+                g = gray(x)
+                if active[1]:
+                    target = torch.where(_column(does[1]), g.mean(dim=(1, 2, 3), keepdim=True), target)
+                if active[2]:
+                    target = torch.where(_column(does[2]), g, target)
+            x = (f * x + (1 - f) * target).clamp_(0, 1)
+        if active[3]:
+            x = _where(x, does[3], _hue, _column(factors[3]))
+    return x
+
+
+def _chosen(pick, apply, order, step: int, op: int) -> list[bool]:
+    """CPU path: the samples doing operation `op` at position `step` of their order."""
     return [a and o[step] == op for a, o in zip(apply, order)]
 
 
@@ -375,7 +403,7 @@ def _hue(x, f):
     rise = torch.where(argmax == 0, g - b, torch.where(argmax == 1, b - r, r - g))
     hue = torch.remainder(rise.div_(delta.clamp_min(1e-12)).add_(argmax.mul(2)).add_(6 * f), 6)  # sextant 0..6
     # HSV -> RGB without branches: channel n in (r, g, b) = v - v*s*clamp(2 - |k - 2|, 0, 1), k = (n' + h) mod 6
-    k = torch.remainder(_HUE_OFFSETS.to(x.device) + hue, 6)
+    k = torch.remainder(torch.cat([hue + 5.0, hue + 3.0, hue + 1.0], dim=1), 6)  # Python offsets: no host copy
     return k.sub_(2).abs_().neg_().add_(2).clamp_(0, 1).mul_(delta).neg_().add_(maxc).clamp_(0, 1)
 
 

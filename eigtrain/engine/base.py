@@ -189,7 +189,7 @@ def guarded_step(optimizer: torch.optim.Optimizer, ok: torch.Tensor) -> None:
                 old = _previous(keys, before, after, saved.get((device, dtype)))
             targets = [_flat(after[k]) for k in keys]
             merged = torch.cat(targets)
-            torch.where(ok.to(device), merged, old, out=merged)
+            torch.where(ok if ok.device == device else ok.to(device), merged, old, out=merged)
             torch._foreach_copy_(targets, list(merged.split([t.numel() for t in targets])))
 
 

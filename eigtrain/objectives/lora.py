@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import Objective
-from .moments import gram
+from .moments import device_scalar, gram
 
 NORMALIZE = ("none", "full", "prefix")
 
@@ -47,7 +47,7 @@ class LoRA(Objective):
         return f, g, None
 
     def moments(self, f, g, sequential, ctx):
-        n = f.new_tensor(float(len(f)))
+        n = device_scalar(len(f), f)
         if self.coef["normalize"] == "prefix":
             return {"n": n, **self._prefix_normalized_moments(f, g)}
         h = f * g

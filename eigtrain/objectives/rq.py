@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .base import Objective
-from .moments import gram, split_even_odd
+from .moments import device_scalar, gram, split_even_odd
 
 
 def _pair_factor(nu: float):
@@ -43,9 +43,9 @@ class RQ(Objective):
     def moments(self, f, g, sequential, ctx):
         (fa, fb), (ga, gb) = split_even_odd(f), split_even_odd(g)
         s = {
-            "n": f.new_tensor(float(len(f))),
-            "n_a": f.new_tensor(float(len(fa))),
-            "n_b": f.new_tensor(float(len(fb))),
+            "n": device_scalar(len(f), f),
+            "n_a": device_scalar(len(fa), f),
+            "n_b": device_scalar(len(fb), f),
             "diff2": (f - g).pow(2).sum(0),
         }
         if self.pairs:  # two encoders: each side has its own constraint

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .base import Objective
-from .moments import gram
+from .moments import device_scalar, gram
 
 
 class VICReg(Objective):
@@ -31,7 +31,7 @@ class VICReg(Objective):
     def moments(self, f, g, sequential, ctx):
         fc, gc = f - ctx[0], g - ctx[1]
         return {
-            "n": f.new_tensor(float(len(f))),
+            "n": device_scalar(len(f), f),
             "diff2": (f - g).pow(2).sum(0),
             "PF": gram(fc, fc, sequential),
             "PG": gram(gc, gc, sequential),
