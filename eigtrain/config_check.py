@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig
 
 from eigtrain.data.augment import PRESETS
-from eigtrain.data.from_config import check_data
+from eigtrain.data.from_config import check_data, check_splits
 from eigtrain.engine import ENGINES, OPTIMIZERS, PRECISIONS, SCHEDULES
 from eigtrain.engine.deepspeed_zero import ZERO_STAGES
 from eigtrain.metrics_log import WANDB_MODES
@@ -79,6 +79,8 @@ def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
                           f"micro_batch_size (batch_size / world size / accumulation) must be even, got {micro}")
     try:  # data keys, and the data against ranks x workers where that is cheap to know (also on a login node)
         check_data(cfg.data, world_size, cfg.batch_size // world_size)
+        if cfg.monitor.every:  # data.shards: the monitor's val split is data.val_shards, never the training shards
+            check_splits(cfg.data, (cfg.monitor.train_split, cfg.monitor.val_split))
     except ValueError as exn:
         raise ConfigError(str(exn)) from None
     return micro, cfg.batch_size // (world_size * micro)

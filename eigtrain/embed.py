@@ -4,15 +4,18 @@ evaluation. Every sample is read exactly once across ranks and workers (ShardStr
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import EXPORT_NAME, latest_checkpoint, load_encoder
 from .data import ShardStream, build_augment, read_index
-from .data.from_config import build_stream, uses_shards
+from .data.from_config import build_stream, split_shards, split_source, uses_shards
+from .data.pipe_trust import SOURCE_KEYS, check_saved_sources
 from .data.augment import NORMALIZATION
 from .export import file_sha256, files_sha256
 from .rayleigh_ritz import RRAccumulator
@@ -24,14 +27,19 @@ class TrainedRun:
     cfg: DictConfig
     encoder: torch.nn.Module
     weights: Path  # model.safetensors or a checkpoint directory
+    given: frozenset[str] = frozenset()  # data keys the command line set (its sources are the user's own)
+    allow_pipe: bool = False  # data.allow_pipe=true on the command line: saved pipe: sources may run
 
     @property
     def pairs(self) -> bool:
         return self.cfg.data.mode == "pairs"
 
 
-def open_run(run_dir: str | None = None, checkpoint: str | None = None, device: str = "cpu") -> TrainedRun:
-    """The run's encoder: its final export, or a given checkpoint (run_dir/checkpoints/step-N)."""
+def open_run(run_dir: str | None = None, checkpoint: str | None = None, device: str = "cpu",
+             data: Mapping[str, Any] | None = None) -> TrainedRun:
+    """The run's encoder: its final export, or a given checkpoint (run_dir/checkpoints/step-N). `data`: the
+    command line's data.shards / val_shards / shard_index (replacing the saved config's; None keeps it) and
+    allow_pipe (see eigtrain.data.pipe_trust)."""
     if checkpoint:
         step = Path(checkpoint)
         if not step.is_dir():
@@ -45,7 +53,23 @@ def open_run(run_dir: str | None = None, checkpoint: str | None = None, device: 
         if step is None and not (run / EXPORT_NAME).exists():
             raise FileNotFoundError(f"{run} has neither {EXPORT_NAME} nor a complete checkpoint")
     encoder = load_encoder(run, step).to(device)
-    return TrainedRun(run, OmegaConf.load(run / "config.yaml"), encoder, step or run / EXPORT_NAME)
+    cfg = OmegaConf.load(run / "config.yaml")
+    given = {k: v for k, v in (data or {}).items() if k in SOURCE_KEYS and v is not None}
+    for key, value in given.items():
+        cfg.data[key] = value
+    return TrainedRun(run, cfg, encoder, step or run / EXPORT_NAME, frozenset(given),
+                      bool((data or {}).get("allow_pipe")))
+
+
+def check_split(run: TrainedRun, split: str) -> str:
+    """Where `split` of the run's data comes from (`split_source`), once it is known to exist (a run trained on
+    data.shards has split 'val' only with data.val_shards) and to run no command read back from the run's
+    config.yaml; a `DataConfigError` or `PipeNotAllowed` naming the key otherwise. Reads no shard."""
+    data = run.cfg.data
+    if uses_shards(data):
+        key = split_shards(data, split)[0].removeprefix("data.")
+        check_saved_sources(data, (key, "shard_index"), run.given, run.allow_pipe, run.run_dir / "config.yaml")
+    return split_source(data, split)
 
 
 def weights_sha256(path: Path) -> str:
@@ -62,6 +86,7 @@ def normalization(data: DictConfig) -> dict:
 def _stream(run: TrainedRun, split: str, batch_size: int, num_workers: int, rank: int, world: int,
             device="cpu") -> ShardStream:
     """One pass over the run's data (data.root's split, or its data.shards with the run's cached counts)."""
+    check_split(run, split)
     data = run.cfg.data
     if not uses_shards(data):  # each worker reads whole shards of its own; 0 = in-process
         num_workers = min(num_workers, len(read_index(data.root).shards(split)) // world)
@@ -137,13 +162,19 @@ def embed_split(run: TrainedRun, split: str, batch_size: int = 512, num_workers:
 
 def reduce_encoder(cfg, env, pairs: bool, device):
     """The eigtrain-rr path for a run directory or checkpoint (see eigtrain.rr_job)."""
-    run = open_run(cfg.run_dir, cfg.checkpoint, device)
+    run = open_run(cfg.run_dir, cfg.checkpoint, device, data=command_line_data(cfg.data))
+    data_source = check_split(run, cfg.split)
     if run.pairs != pairs:
         raise ValueError(f"mode={cfg.mode!r} does not fit this run: use mode=svd for a pairs run (two encoders), another mode for views")
     acc, expected = reduce_pairs(run, cfg.split, cfg.batch_size, cfg.num_workers, env.rank, env.world_size, device, cfg.seed)
     source = {"kind": "checkpoint", "run_dir": str(run.run_dir.resolve()), "path": str(Path(run.weights).resolve()),
-              "sha256": weights_sha256(Path(run.weights))}
+              "sha256": weights_sha256(Path(run.weights)), "data": data_source}
     return acc, expected, source, run.run_dir / "rr"
+
+
+def command_line_data(data) -> dict[str, Any]:
+    """The data keys of an eigtrain-rr / -eval command line that `open_run` applies to a saved run."""
+    return {key: getattr(data, key) for key in (*SOURCE_KEYS, "allow_pipe")}
 
 
 def reduce_external(cfg, env, device):
@@ -169,8 +200,8 @@ def reduce_external(cfg, env, device):
     source = {"kind": "encoder", "encoder": spec, "kwargs": dict(cfg.encoder.kwargs),
               "checkpoint": str(Path(weights).resolve()) if weights else None, "init_seed": None if weights else cfg.seed,
               "sha256": file_sha256(weights) if weights and env.rank == 0 else None,
-              "data": {k: _plain(getattr(data, k)) for k in ("root", "shards", "augment", "image_size", "image_fit",
-                                                             "view_size", "mean", "std")}}
+              "data": {k: _plain(getattr(data, k)) for k in ("root", "shards", "val_shards", "augment", "image_size",
+                                                             "image_fit", "view_size", "mean", "std")}}
     return acc, expected, source
 
 
@@ -189,8 +220,10 @@ def _external_stream(cfg, env) -> tuple[ShardStream, int, dict]:
         workers = min(cfg.num_workers, len(index.shards(cfg.split)) // env.world_size)
         stream = ShardStream(data.root, split=cfg.split, num_workers=workers, image_fit=data.image_fit, **common)
         return stream, index.num_samples(cfg.split), index.meta
-    shards = list(data.shards) if isinstance(data.shards, (list, tuple)) else data.shards
-    stream = ShardStream(shards=shards, split=cfg.split, num_workers=cfg.num_workers, image_key=data.image_key,
-                         label_key=data.label_key, image_fit=data.image_fit, cache_dir=data.cache_dir,
-                         shard_index=data.shard_index, **common)
+    key, shards = split_shards({"shards": data.shards, "val_shards": data.val_shards}, cfg.split)
+    shards = list(shards) if isinstance(shards, (list, tuple)) else shards
+    stream = ShardStream(shards=shards, shards_key=key, split=cfg.split, num_workers=cfg.num_workers,
+                         image_key=data.image_key, label_key=data.label_key, image_fit=data.image_fit,
+                         cache_dir=data.cache_dir, shard_index=data.shard_index, io_timeout_s=data.io_timeout_s,
+                         **common)
     return stream, stream.num_samples, {"channels": 3}

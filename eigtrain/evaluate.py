@@ -24,7 +24,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -237,6 +237,8 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     dims, acc = report["dims"], report["accuracy"]
     probe_note = "linear probe, SGD 50 epochs" if report["probe"] == "sgd" else "closed-form ridge probe (faster, not the paper's SGD probe)"
     lines = [f"### {title or 'Linear probe accuracy (%) by representation size'}", "", f"Probe: {probe_note}.", ""]
+    if report.get("data"):
+        lines += [f"Data: fitted on {report['data']['train']}; scored on {report['data']['test']}.", ""]
     lines.append("| Methods \\ Dims | " + " | ".join(str(k) for k in dims) + " |")
     lines.append("|---|" + "---|" * len(dims))
     for method, row in acc.items():
@@ -372,14 +374,28 @@ USAGE = """eigtrain-eval: adaptive-dimension evaluation of a trained run or of s
     eigtrain-eval run_dir=DIR [rr=DIR] [jn_run_dir=DIR] [ff_run_dirs=[DIR4,DIR8]] [probe=sgd|closed_form]
                   [random_draws=50] [dims=[4,8,16]] [train_split=train] [test_split=val] [out=DIR]
                   [pca=true] [retrieval=auto|torch|faiss|none] [retrieval_draws=5]
+                  [data.val_shards=PATTERN] [data.shards=PATTERN] [data.allow_pipe=true]
     eigtrain-eval features=FILE.npz rr=DIR out=DIR     # arrays train_z, train_y, test_z, test_y
 
 RR uses the Rayleigh-Ritz export (default run_dir/rr, written by eigtrain-rr); JN is the run's own
 coordinates when it was trained with joint nesting, or those of jn_run_dir; FF are runs trained at each
 smaller dimension; RS are random subsets of the run's coordinates; PCA the principal components of the
 same embedding. At every size: retrieval (1-NN, recall@1/10), bytes per vector, search time per query.
-Writes table.md, table.csv, report.json, accuracy_vs_dim.png and retrieval_vs_dim.png.
+Writes table.md, table.csv, report.json, accuracy_vs_dim.png and retrieval_vs_dim.png; they name the data
+each split came from. A run trained on data.shards has a validation split only with data.val_shards (its
+config's, or given here); the training shards are never scored as validation. data.shards / data.val_shards
+given here replace the run's; a pipe: source in the run's saved config runs only with data.allow_pipe=true.
 """
+
+
+@dataclass
+class EvalDataConfig:
+    """The command line's data sources for the runs evaluated (None: each run's saved config.yaml)."""
+
+    shards: Any = None
+    val_shards: Any = None
+    shard_index: str | None = None
+    allow_pipe: bool = False  # run pipe: sources read back from a run's saved config.yaml
 
 
 @dataclass
@@ -400,6 +416,7 @@ class EvalConfig:
     pca: bool = True
     retrieval: str = "auto"  # auto (FAISS when installed, else torch) | torch | faiss | none
     retrieval_draws: int = 5
+    data: EvalDataConfig = field(default_factory=EvalDataConfig)
 
 
 def _load_features(path: str):
@@ -415,7 +432,7 @@ def _load_features(path: str):
 
 
 def evaluate(cfg) -> tuple[dict, dict]:
-    from .embed import embed_split, open_run
+    from .embed import check_split, command_line_data, embed_split, open_run
     from .export import load_head
 
     if bool(cfg.run_dir) == bool(cfg.features):
@@ -424,8 +441,14 @@ def evaluate(cfg) -> tuple[dict, dict]:
     if cfg.features:
         train_z, train_y, test_z, test_y = _load_features(cfg.features)
         nested, out = False, Path(cfg.out or Path(cfg.features).with_suffix(""))
+        sources, jn, ffs = {"train": f"{cfg.features}: train_z", "test": f"{cfg.features}: test_z"}, None, []
     else:
-        run = open_run(cfg.run_dir, device=device)
+        data = command_line_data(cfg.data)
+        runs = [open_run(d, device=device, data=data) for d in (cfg.run_dir, cfg.jn_run_dir, *cfg.ff_run_dirs) if d]
+        # every run's splits are checked before any is embedded: a refusal costs no work
+        checked = [{"train": check_split(r, cfg.train_split), "test": check_split(r, cfg.test_split)} for r in runs]
+        run, sources = runs[0], checked[0]
+        jn, ffs = (runs[1] if cfg.jn_run_dir else None), runs[1 + bool(cfg.jn_run_dir):]
         (train_z, train_y), (test_z, test_y) = (embed_split(run, s, device=device) for s in (cfg.train_split, cfg.test_split))
         nested, out = run.cfg.nesting.mode != "none", Path(cfg.out or run.run_dir / "eval")
     train, test = {"raw": train_z}, {"raw": test_z}
@@ -437,18 +460,17 @@ def evaluate(cfg) -> tuple[dict, dict]:
         raise FileNotFoundError(f"no Rayleigh-Ritz export at {cfg.rr} (run eigtrain-rr first)")
     if nested:
         train["jn"], test["jn"] = train_z, test_z
-    if cfg.jn_run_dir:
-        jn = open_run(cfg.jn_run_dir, device=device)
+    if jn is not None:
         train["jn"], test["jn"] = (embed_split(jn, s, device=device)[0] for s in (cfg.train_split, cfg.test_split))
     fixed = {}
-    for ff_dir in cfg.ff_run_dirs:
-        ff = open_run(ff_dir, device=device)
+    for ff in ffs:
         fixed[int(ff.cfg.dim)] = tuple(embed_split(ff, s, device=device)[0] for s in (cfg.train_split, cfg.test_split))
     dims = list(cfg.dims) if cfg.dims else dims_for(train_z.shape[1])
     backend = None if cfg.retrieval == "none" else retrieval.resolve_backend(cfg.retrieval)
     report = adaptive_dimension_table(train, test, train_y, test_y, dims, fixed=fixed, random_draws=cfg.random_draws,
                                       probe=cfg.probe, seed=cfg.seed, pca=cfg.pca, retrieval_backend=backend,
                                       retrieval_draws=cfg.retrieval_draws)
+    report["data"] = sources  # which data each split came from (URLs without credentials)
     title = f"Accuracy (%) by representation size — {Path(cfg.run_dir or cfg.features).name}"
     return report, write_report(report, out, title)
 

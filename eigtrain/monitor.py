@@ -4,19 +4,24 @@ Rank 0 embeds (un-augmented, eval mode, no graph) up to ``max_train_samples`` of
 to ``max_val_samples`` of the validation split with the current encoder, and scores the weighted cosine kNN of
 `eigtrain.evaluate.knn_accuracy` on the first k coordinates for k in {4, 8, ..., dim}. The encoder returns to
 train mode and every RNG to its state afterwards, so a monitored run trains exactly like an unmonitored one.
+The splits are those of data.root's index, or, for a run on data.shards, data.shards (split train) and
+data.val_shards (split val): a monitor on data.shards without data.val_shards is a config error, never a kNN
+scored on the training shards.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 from torch import nn
 
 from eigtrain import checkpoint as ckpt
-from eigtrain.data import ShardStream, build_augment
+from eigtrain.data import build_augment
 from eigtrain.data.augment import NORMALIZATION
+from eigtrain.data.from_config import build_stream, check_splits
 from eigtrain.evaluate import dims_for, knn_accuracy
 
 log = logging.getLogger("eigtrain.monitor")
@@ -26,12 +31,11 @@ DEFAULTS = {"every": 0, "train_split": "train", "val_split": "val", "max_train_s
 
 class KNNMonitor:
     def __init__(self, cfg: Mapping[str, Any], data: Mapping[str, Any], *, dim: int, seed: int, device: torch.device,
-                 autocast, pairs: bool):
+                 autocast, pairs: bool, cache_dir: Path | None = None):
         self.cfg = {**DEFAULTS, **{k: v for k, v in dict(cfg or {}).items() if v is not None}}
-        if data.get("shards"):
-            raise ValueError("monitor.every > 0 needs data.root (an eigtrain shard index with labelled splits); "
-                             "it cannot read data.shards")
+        check_splits(data, (self.cfg["train_split"], self.cfg["val_split"]))
         self.data, self.dim, self.seed, self.device, self.autocast, self.pairs = data, dim, seed, device, autocast, pairs
+        self.cache_dir = cache_dir  # sample counts of shards without an index (as the training stream's)
         self.every = int(self.cfg["every"])
         mean, std = NORMALIZATION[data["augment"]]
         self.normalize = build_augment("none", image_size=data.get("view_size"), mean=tuple(data.get("mean") or mean),
@@ -42,14 +46,12 @@ class KNNMonitor:
 
     @torch.no_grad()
     def _embed(self, encoder: nn.Module, split: str, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
-        data = self.data
-        stream = ShardStream(data["root"], split=split, batch_size=int(self.cfg["batch_size"]), num_workers=0,
-                             seed=self.seed, mode=data["mode"], image_size=data.get("image_size"), one_pass=True,
-                             shuffle_block=0, max_corrupt=data.get("max_corrupt", 10))
+        stream = build_stream(self.data, batch_size=int(self.cfg["batch_size"]), rank=0, world_size=1, seed=self.seed,
+                              device=self.device, cache_dir=self.cache_dir, split=split, num_workers=0, one_pass=True)
         zs, labels, seen = [], [], 0
         for batch in stream:
             images = batch["x"] if self.pairs else batch["image"]
-            x = self.normalize.view(images.to(self.device, non_blocking=True), None, 0)
+            x = self.normalize.view(images.to(self.device, non_blocking=True), None, 0, batch.get("size"))
             with self.autocast():
                 zs.append(encoder(x).float().cpu())
             labels.append(batch["label"])
@@ -82,4 +84,4 @@ def build_monitor(cfg, *, device: torch.device, autocast) -> KNNMonitor | None:
         raise ValueError("monitor.every > 0 is not available with engine.zero_stage=3 (rank 0 holds only its "
                          "partition of the weights); use zero_stage 1 or 2, or evaluate checkpoints afterwards")
     return KNNMonitor(monitor_cfg, cfg.data, dim=cfg.dim, seed=cfg.seed, device=device, autocast=autocast,
-                      pairs=cfg.data.mode == "pairs")
+                      pairs=cfg.data.mode == "pairs", cache_dir=Path(cfg.run_dir) / "data")

@@ -3,6 +3,7 @@
     eigtrain-rr run_dir=DIR [split=train] [mode=generalized] [trivial=exclude|keep] [center=false] [ridge=0]
                 [out=DIR] [overwrite=false]
     eigtrain-rr checkpoint=DIR/step-N ...
+    eigtrain-rr run_dir=DIR split=val [data.val_shards=PATTERN]   # a data.shards run: its held-out shards
     eigtrain-rr embeddings=FILE.npz out=DIR      # black-box embeddings: arrays z1, z2 (N x d) of positive pairs
     eigtrain-rr embeddings=DIR out=DIR           # the same, streamed from chunks (see eigtrain.embedding_files)
     eigtrain-rr encoder=timm:NAME [encoder.checkpoint=FILE] data.root=DIR|data.shards=PATTERN data.augment=imagenet out=DIR
@@ -41,10 +42,14 @@ class EncoderConfig:
 
 @dataclass
 class DataConfig:
-    """Image shards for encoder=: the augmentation preset defines the positive pairs."""
+    """Image shards for encoder=: the augmentation preset defines the positive pairs. With run_dir= /
+    checkpoint=, shards, val_shards and shard_index replace the run's saved ones, and allow_pipe=true lets a
+    saved pipe: source run (eigtrain.data.pipe_trust)."""
 
     root: str | None = None  # eigtrain shards (index.json): the count is checked against the index
     shards: Any = None  # webdataset shard pattern(s)/URL(s) without an eigtrain index
+    val_shards: Any = None  # held-out shards: split=val
+    allow_pipe: bool = False  # run pipe: sources read back from a run's saved config.yaml
     augment: str = "imagenet"
     image_size: int | None = None  # loader resize (needed when the shards do not say, e.g. foreign shards)
     image_fit: str = "cover"  # cover: resize + center crop; whole: the augmentation crops from the whole image

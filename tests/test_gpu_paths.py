@@ -3,6 +3,7 @@ copied to the device at once, TF32 flags that stay readable, the guarded optimiz
 folded colour jitter, the Rayleigh-Ritz job's process-group backend."""
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from eigtrain.data.stream import ShardStream
 from eigtrain.data.write import main as write_shards_cli
 from eigtrain.engine.base import enable_cuda_fast_paths, guarded_step
 from eigtrain.objectives.moments import full_fp32_matmul
+from tests.test_train_support import REPO, digits_root, overrides, run_cli  # noqa: F401
 
 
 # ---------------------------------------------------------------------------------------------- nvJPEG probe
@@ -223,3 +225,34 @@ def test_folded_colour_jitter_equals_each_operation_applied_in_turn(preset, chan
         folded = augment._colour_blur_solarize(x.clone(), recipe, draws, augment._where)
     assert torch.equal(folded, expected)
     assert folded_traffic.count < 0.75 * reference_traffic.count, (folded_traffic.count, reference_traffic.count)
+
+
+# ---------------------------------------------------------------------------------------------- DeepSpeed
+
+
+DEEPSPEED_WITHOUT_OVERFLOW_CHECK = """
+import json, sys
+import torch
+import deepspeed.runtime.zero.stage_1_and_2 as zero
+import eigtrain.train as train_module
+from eigtrain import checkpoint as ckpt
+from tests.test_train_e2e import Faulty
+# A DeepSpeed whose fp32 ZeRO optimizer does not look for inf/NaN gradients (the check is version-dependent).
+zero.DeepSpeedZeroOptimizer.check_overflow = lambda self, *a, **k: setattr(self, "overflow", False)
+zero.is_invalid_grad_norm = lambda norm: False
+build = train_module.build_objective
+train_module.build_objective = lambda *a, **k: Faulty(build(*a, **k), nan_loss_calls={3})
+result = train_module.run(train_module.compose_config(sys.argv[2:]))
+w2, w3 = (ckpt.model_weights(f"{sys.argv[1]}/checkpoints/step-{s}") for s in (2, 3))
+same = all(torch.equal(w2[k], w3[k]) for k in w2 if "running_" not in k and "num_batches" not in k)
+print("RESULT", json.dumps({"skipped": result["skipped_steps"], "params_unchanged": same}))
+"""
+
+
+@pytest.mark.slow
+def test_deepspeed_skips_a_nonfinite_loss_whatever_its_overflow_check(digits_root, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    args = overrides(run_dir, digits_root, "engine=deepspeed", "steps=3", "checkpoint_every=1")
+    out = run_cli(["-c", DEEPSPEED_WITHOUT_OVERFLOW_CHECK, str(run_dir), *args], REPO)  # DeepSpeed keeps its group
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.split("RESULT", 1)[1]) == {"skipped": 1, "params_unchanged": True}

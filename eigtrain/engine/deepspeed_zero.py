@@ -92,12 +92,17 @@ class DeepSpeedEngine:
         ranks before the update and skips it (counted in ``skipped_steps``; that check is DeepSpeed's own host
         synchronisation). The accumulated gradient is exact for the global batch (`accumulated_backward`)."""
         self.ds.train()
-        skipped_before, last = self.ds.skipped_steps, len(micro_batches) - 1
+        skipped_before, last, skip = self.ds.skipped_steps, len(micro_batches) - 1, False
 
         def backward(t: torch.Tensor, i: int) -> None:
+            nonlocal skip
             # A non-finite loss must never be applied, even if its gradient happened to be finite: a
             # constant factor (exactly 1, or NaN) makes every gradient NaN so the overflow check fires.
             t = t * torch.where(torch.isfinite(t.detach()), 1.0, float("nan"))
+            if i == 0:  # whether fp32 ZeRO checks for overflow depends on DeepSpeed's version: check here first
+                skip = not finite_on_every_rank(t)
+            if skip:
+                return  # no backward and no step: nothing accumulates, DeepSpeed's counters stay as they were
             # Each micro-batch's part is already its exact share of the batch gradient: no 1/accumulation.
             self.ds.backward(t, scale_wrt_gas=False)
             if i == last:
@@ -105,8 +110,8 @@ class DeepSpeedEngine:
             self.ds.step()  # an update only at the accumulation boundary
 
         loss, terms = accumulated_backward(self.ds, self.model, micro_batches, loss_fn, backward=backward)
-        applied = self.ds.skipped_steps == skipped_before
-        grad_norm = self.ds.get_global_grad_norm()
+        applied = self.ds.skipped_steps == skipped_before and not skip
+        grad_norm = None if skip else self.ds.get_global_grad_norm()
         return StepResult(loss=loss, terms=terms, grad_norm=float("nan") if grad_norm is None else grad_norm,
                           applied=torch.tensor(applied, device=loss.device))
 
@@ -126,3 +131,13 @@ class DeepSpeedEngine:
         else:
             sd = self.model.state_dict()
         return {k: v.detach().cpu() for k, v in sd.items()}
+
+
+def finite_on_every_rank(t: torch.Tensor) -> bool:
+    """Whether `t` is finite on every rank (one host read; DeepSpeed's step synchronises anyway). The first
+    micro-batch's part already carries the global objective's finiteness; the vote keeps a rank-local
+    non-finite value from leaving the ranks disagreeing on whether to step (a hang in ZeRO's collectives)."""
+    flag = torch.isfinite(t.detach()).all().to(torch.float32)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
