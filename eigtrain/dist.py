@@ -222,7 +222,7 @@ def init_distributed(env: DistEnv | None = None, backend: str | None = None, tim
         MASTER_PORT=str(env.master_port),
     )
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    device = select_device(env, "cuda") if backend == "nccl" else None
+    device = select_device(env, "cuda") if "nccl" in backend else None
     if env.world_size == 1 or dist.is_initialized():
         return env
     dist.init_process_group(
@@ -230,6 +230,12 @@ def init_distributed(env: DistEnv | None = None, backend: str | None = None, tim
         timeout=timedelta(seconds=timeout_s), device_id=device,
     )
     return env
+
+
+def backend_for(device: torch.device) -> str:
+    """The process-group backend for a job computing on `device`: gloo on the CPU; on CUDA, NCCL for CUDA tensors
+    and gloo beside it for the CPU tensors such a job also reduces (float64 accumulators, flags)."""
+    return "cpu:gloo,cuda:nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
 def select_device(env: DistEnv, kind: str = "auto") -> torch.device:

@@ -148,7 +148,10 @@ def select_device(cfg: RRJobConfig, env) -> torch.device:
 
 
 def run(cfg: RRJobConfig) -> dict:
-    env = edist.init_distributed()
+    env = edist.resolve_env()
+    # The backend follows the device (NCCL whenever CUDA is visible failed on embeddings= and device=cpu)
+    device = torch.device("cpu") if cfg.embeddings else select_device(cfg, env)
+    edist.init_distributed(env, backend=edist.backend_for(device))
     pairs = cfg.mode == "svd"
     if cfg.out or cfg.run_dir:  # before any work: never replace what eigtrain-rr did not write
         check_export_target(Path(cfg.out or Path(cfg.run_dir) / "rr"), cfg.overwrite)
@@ -161,12 +164,12 @@ def run(cfg: RRJobConfig) -> dict:
     elif cfg.encoder.name:
         from .embed import reduce_external
 
-        acc, expected, source = reduce_external(cfg, env, select_device(cfg, env))
+        acc, expected, source = reduce_external(cfg, env, device)
         out = Path(cfg.out)
     else:
         from .embed import reduce_encoder  # needs the trainer's checkpoint loading
 
-        acc, expected, source, default_out = reduce_encoder(cfg, env, pairs, select_device(cfg, env))
+        acc, expected, source, default_out = reduce_encoder(cfg, env, pairs, device)
         out = Path(cfg.out or default_out)
     acc.all_reduce()
     if acc.n != expected:

@@ -4,6 +4,8 @@ folded colour jitter, the Rayleigh-Ritz job's process-group backend."""
 
 import copy
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,12 +14,13 @@ import torchvision.io
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from eigtrain import dist as edist
 from eigtrain.data import augment, gpu_decode
 from eigtrain.data.stream import ShardStream
 from eigtrain.data.write import main as write_shards_cli
 from eigtrain.engine.base import enable_cuda_fast_paths, guarded_step
 from eigtrain.objectives.moments import full_fp32_matmul
-from tests.test_train_support import REPO, digits_root, overrides, run_cli  # noqa: F401
+from tests.test_train_support import REPO, clean_env, digits_root, overrides, run_cli  # noqa: F401
 
 
 # ---------------------------------------------------------------------------------------------- nvJPEG probe
@@ -256,3 +259,30 @@ def test_deepspeed_skips_a_nonfinite_loss_whatever_its_overflow_check(digits_roo
     out = run_cli(["-c", DEEPSPEED_WITHOUT_OVERFLOW_CHECK, str(run_dir), *args], REPO)  # DeepSpeed keeps its group
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.split("RESULT", 1)[1]) == {"skipped": 1, "params_unchanged": True}
+
+
+# ---------------------------------------------------------------------------------------------- eigtrain-rr
+
+
+RR_ON_A_CUDA_MACHINE = """
+import sys
+import torch
+torch.cuda.is_available = lambda: True  # a GPU machine; the job itself reads embeddings on the CPU
+from eigtrain.rr_job import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_rr_with_several_ranks_takes_its_backend_from_the_device(tmp_path):
+    """embeddings= runs on the CPU: gloo, even where CUDA is visible (NCCL then failed on the CPU tensors)."""
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(400, 4))
+    np.savez(tmp_path / "emb.npz", z1=z, z2=z + 0.1 * rng.normal(size=z.shape))
+    (tmp_path / "rr_on_cuda_machine.py").write_text(RR_ON_A_CUDA_MACHINE)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(tmp_path / "rr_on_cuda_machine.py"), f"embeddings={tmp_path / 'emb.npz'}", f"out={tmp_path / 'rr'}"]
+    proc = subprocess.run(cmd, env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "rr" / "rr.safetensors").is_file()
+    assert edist.backend_for(torch.device("cuda", 0)) == "cpu:gloo,cuda:nccl"  # CPU accumulators beside NCCL
