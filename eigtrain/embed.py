@@ -16,6 +16,7 @@ from .checkpoint import EXPORT_NAME, latest_checkpoint, load_encoder
 from .data import ShardStream, build_augment, read_index
 from .data.from_config import build_stream, split_shards, split_source, uses_shards
 from .data.pipe_trust import SOURCE_KEYS, check_saved_sources
+from .redact import saved_value_usable
 from .data.augment import NORMALIZATION
 from .export import file_sha256, files_sha256
 from .rayleigh_ritz import RRAccumulator
@@ -69,6 +70,8 @@ def check_split(run: TrainedRun, split: str) -> str:
     if uses_shards(data):
         key = split_shards(data, split)[0].removeprefix("data.")
         check_saved_sources(data, (key, "shard_index"), run.given, run.allow_pipe, run.run_dir / "config.yaml")
+        for saved in sorted({key, "shard_index"} - run.given):  # a URL saved without its credentials cannot be read
+            saved_value_usable(data.get(saved), f"data.{saved}", run.run_dir / "config.yaml")
     return split_source(data, split)
 
 

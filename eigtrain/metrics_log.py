@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import torch
 
 from eigtrain.checkpoint import MODEL_INFO_NAME
+from eigtrain.redact import redact_config, redacted_argv
 
 WANDB_MODES = ("offline", "online", "disabled")
 
@@ -70,10 +71,12 @@ class MetricsLog:
             raise ValueError(f"logging.wandb.mode={mode!r} is not known; allowed: {', '.join(WANDB_MODES)}")
         wandb = _import_wandb(mode, self.path)
         if wandb is not None:
-            self._wandb = wandb.init(
-                project=wandb_cfg.get("project", "eigtrain"), entity=wandb_cfg.get("entity"), name=wandb_cfg.get("name"),
-                id=run_id, resume="allow", mode=mode, dir=str(run_dir), config=dict(config),
-            )
+            with redacted_argv():  # wandb records the command line and the config: neither with credentials
+                self._wandb = wandb.init(
+                    project=wandb_cfg.get("project", "eigtrain"), entity=wandb_cfg.get("entity"),
+                    name=wandb_cfg.get("name"), id=run_id, resume="allow", mode=mode, dir=str(run_dir),
+                    config=redact_config(config),
+                )
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}

@@ -8,7 +8,12 @@ messages naming a shard.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import re
+import sys
+from pathlib import Path
 from typing import Any
 
 MASK = "REDACTED"
@@ -65,3 +70,57 @@ def redact_config(cfg: Any) -> Any:
 def is_redacted(text: Any) -> bool:
     """Whether a value read back from a run's files had credentials removed (it cannot be used as is)."""
     return isinstance(text, str) and (f"={MASK}" in text or f"{MASK}@" in text or f"?{MASK}" in text)
+
+
+def saved_value_usable(value: Any, key: str, config: Any) -> None:
+    """Refuse (ValueError, one line) a value read back from a run's saved `config` file that was redacted there:
+    the credential it needs is not on disk, so the command line has to give the value again."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if any(is_redacted(v) for v in values):
+        raise ValueError(f"{key} in {config} was saved without its credentials ({MASK}): pass {key}=... "
+                         f"(with them) on the command line")
+
+
+class RedactingFilter(logging.Filter):
+    """A log handler's filter: the formatted message without credentials."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_url(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+def redact_logs() -> None:
+    """Every handler of the root logger redacts what it writes (once per handler, however often called)."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
+
+
+@contextlib.contextmanager
+def redacted_argv():
+    """sys.argv without credentials for the duration (libraries that record the command line, e.g. wandb)."""
+    saved = sys.argv
+    sys.argv = [redact_url(a) for a in saved]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+def redact_yaml_file(path: str | os.PathLike) -> None:
+    """Rewrite a YAML file another library wrote for eigtrain (Hydra's multirun.yaml) without credentials;
+    interpolations stay as they are."""
+    from omegaconf import OmegaConf
+
+    path = Path(path)
+    if not path.is_file():
+        return
+    saved = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    redacted = redact_config(saved)
+    if redacted != saved:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(redacted)))
+        os.replace(tmp, path)
