@@ -270,6 +270,10 @@ def _hydra_main(cfg: DictConfig) -> None:
         raise SystemExit(f"eigtrain-train: {exn}") from None
     except (ShardError, TimeoutError) as exn:  # a shard that cannot be read, a stalled source: one line naming it
         raise SystemExit(f"eigtrain-train: data error: {exn}") from None
+    except NonFiniteError as exn:  # past max_nonfinite_steps: names the last good checkpoint
+        raise SystemExit(f"eigtrain-train: {exn}") from None
+    except OSError as exn:  # a full disk, a read-only run directory: one line naming the file
+        raise SystemExit(f"eigtrain-train: cannot write {exn.filename or 'the run'}: {exn.strerror or exn}") from None
 
 
 def main() -> None:
