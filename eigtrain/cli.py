@@ -55,6 +55,7 @@ def compose_dataclass(schema: type, argv: Sequence[str], groups: Mapping[str, Ma
     from hydra.core.global_hydra import GlobalHydra
 
     names = [f.name for f in dataclasses.fields(schema)]
+    check_repeated_keys(argv)
     overrides = []
     for item in argv:
         key, sep, value = item.partition("=")
@@ -180,6 +181,7 @@ def check_hydra_command_line(argv: Sequence[str], check: Callable[[list[str], st
     if parsed is None:
         return
     overrides, multirun, config_name = parsed
+    check_repeated_keys(overrides)
     try:
         points = sweep_points(overrides) if multirun else [overrides]
         for point in points:
@@ -187,4 +189,27 @@ def check_hydra_command_line(argv: Sequence[str], check: Callable[[list[str], st
     except ConfigError:
         raise
     except (HydraException, OmegaConfBaseException) as error:
-        raise ConfigError(error_line(error)) from None
+        raise ConfigError(_brace_hint(overrides) or error_line(error)) from None
+
+
+_BRACE_PATTERN = re.compile(r"\{[^{}]*(\.\.|,)[^{}]*\}")  # {000..099} or {a,b}: a shard pattern, not Hydra syntax
+
+
+def check_repeated_keys(overrides: Sequence[str]) -> None:
+    """A key given twice would silently take its last value; a shell that expanded an unquoted brace pattern gives
+    one `key=` per shard, so say how to quote it."""
+    keys = [o.partition("=")[0].lstrip("+~") for o in overrides if "=" in o]
+    repeated = next((k for k in keys if keys.count(k) > 1), None)
+    if repeated is not None:
+        raise ConfigError(f"{repeated} is given {keys.count(repeated)} times (only the last would count); if the shell "
+                          f"expanded a brace pattern, quote it: \"{repeated}='DIR/train-{{000000..000099}}.tar'\"")
+
+
+def _brace_hint(overrides: Sequence[str]) -> str | None:
+    """How to quote an unquoted brace pattern, which Hydra's override grammar cannot read."""
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if _BRACE_PATTERN.search(value) and not value.startswith(("'", '"')):
+            return (f"{key}={value}: Hydra reads braces as its own syntax; quote the pattern as "
+                    f"\"{key}='{value}'\" (the single quotes reach Hydra, the double quotes stop the shell expanding it)")
+    return None

@@ -61,6 +61,7 @@ class DataConfig:
     label_key: str | None = None  # foreign shards: not needed for Rayleigh-Ritz
     shard_index: str | None = None  # foreign shards: a wids index with the sample counts
     cache_dir: str | None = None  # foreign shards: where a scan's sample counts are cached
+    io_timeout_s: float = 60.0  # foreign shards: the most any read of a remote shard may wait
 
 
 @dataclass
@@ -99,6 +100,9 @@ class RRJobConfig:
         if self.encoder.name:
             if bool(self.data.root) == bool(self.data.shards):
                 raise ValueError("encoder= needs exactly one of data.root=DIR (eigtrain shards) or data.shards=PATTERN")
+            if self.data.shards and self.data.image_size is None:  # foreign shards say nothing of their size
+                raise ValueError("encoder= with data.shards needs data.image_size (every image is brought to it before "
+                                 "the views are cut; e.g. data.image_size=224)")
             if self.data.augment not in PRESETS:
                 raise ValueError(f"data.augment={self.data.augment!r} is unknown; allowed: {', '.join(PRESETS)}")
             if self.mode == "svd":

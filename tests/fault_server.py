@@ -60,6 +60,7 @@ class FaultServer:
                 pass
 
             def do_HEAD(self):
+                self.path = self.path.split("?")[0]  # a signed URL's query string names the same file
                 outer.requests.append(("HEAD", self.path))
                 if outer._fault(self.path, consume=False) == "mute":
                     outer.stop.wait()
@@ -70,6 +71,7 @@ class FaultServer:
                 self._headers(file.read_bytes(), file)
 
             def do_GET(self):
+                self.path = self.path.split("?")[0]
                 outer.requests.append(("GET", self.path))
                 fault = outer._fault(self.path)
                 if fault == "mute":

@@ -160,6 +160,8 @@ def decode_image_sized(data: bytes, channels: int, size: tuple[int, int] | None,
     if image is None and decode_image is not None:
         mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
         image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=mode)
+        if image.dtype != torch.uint8:  # a 16-bit PNG keeps its 16 bits here: eigtrain's images are 8-bit
+            image = (image.to(torch.int32) >> 8).to(torch.uint8)
     elif image is None:
         with Image.open(io.BytesIO(data)) as pil:
             array = np.asarray(pil.convert("L" if channels == 1 else "RGB"))
