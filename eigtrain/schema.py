@@ -90,7 +90,7 @@ class EngineConfig:
     name: str = "ddp"  # ddp | deepspeed
     precision: str = "auto"
     compile: bool = False
-    channels_last: bool = False
+    channels_last: Optional[bool] = None  # null: on for convolutional backbones on CUDA (engine.base.use_channels_last)
     zero_stage: Optional[int] = None  # deepspeed only
     config: Dict[str, Any] = field(default_factory=dict)  # deepspeed only: merged into the generated config
 

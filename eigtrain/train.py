@@ -153,7 +153,7 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
             first, second = augment(batch["image"].to(device, non_blocking=True), generator=generator, sizes=sizes)
         keep = len(first) - len(first) % keep_multiple  # a batch shortened by dropped corrupt samples
         first, second = first[:keep], second[:keep]
-        if cfg.engine.channels_last and first.ndim == 4:
+        if engine.channels_last and first.ndim == 4:
             first, second = (t.contiguous(memory_format=torch.channels_last) for t in (first, second))
         return list(zip(chunks(first, accum), chunks(second, accum))), usable
 

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import torchvision
 import torchvision.io
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -286,3 +287,20 @@ def test_rr_with_several_ranks_takes_its_backend_from_the_device(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "rr" / "rr.safetensors").is_file()
     assert edist.backend_for(torch.device("cuda", 0)) == "cpu:gloo,cuda:nccl"  # CPU accumulators beside NCCL
+
+
+# ---------------------------------------------------------------------------------------------- channels_last
+
+
+def test_channels_last_is_on_by_default_for_convolutional_backbones_on_cuda():
+    from eigtrain.engine.base import use_channels_last
+    from eigtrain.train import compose_config
+
+    assert compose_config(["experiment=cpu_debug", "run_dir=x"]).engine.channels_last is None  # the default: auto
+    resnet = torchvision.models.resnet18()
+    vit_like = nn.Sequential(nn.Conv2d(3, 8, 4, stride=4), nn.Flatten(), nn.Linear(8, 8))  # one patch embedding
+    mlp = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    assert use_channels_last(None, resnet, torch.device("cuda", 0))
+    assert not use_channels_last(None, resnet, torch.device("cpu"))
+    assert not use_channels_last(None, vit_like, "cuda") and not use_channels_last(None, mlp, "cuda")
+    assert use_channels_last(True, mlp, "cpu") and not use_channels_last(False, resnet, "cuda")

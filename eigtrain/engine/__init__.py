@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from eigtrain.engine.base import PRECISIONS, LossFn, StepResult, chunks
+from eigtrain.engine.base import PRECISIONS, LossFn, StepResult, chunks, use_channels_last
 from eigtrain.engine.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_at
 
 ENGINES = ("ddp", "deepspeed")
@@ -35,7 +35,7 @@ def build_engine(
     """Engine from the ``engine`` config group (``optim`` gives the optimizer and gradient clipping)."""
     common = dict(
         device=device, precision=cfg.get("precision", "auto"), grad_clip=optim_cfg.get("grad_clip"),
-        compile=cfg.get("compile", False), channels_last=cfg.get("channels_last", False),
+        compile=cfg.get("compile", False), channels_last=use_channels_last(cfg.get("channels_last"), model, device),
     )
     if cfg["name"] == "ddp":
         from eigtrain.engine.ddp import DDPEngine

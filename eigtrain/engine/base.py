@@ -83,6 +83,16 @@ def enable_cuda_fast_paths() -> None:
     torch.backends.cudnn.benchmark = True
 
 
+def use_channels_last(setting: bool | None, model: nn.Module, device: torch.device | str) -> bool:
+    """engine.channels_last; null: on for a convolutional backbone (more than a ViT's one patch-embedding
+    convolution) trained on CUDA, where cuDNN's NHWC kernels make bf16 ResNets 10-30 % faster; off on the CPU
+    and for MLPs and ViTs, which have nothing to gain."""
+    if setting is not None:
+        return bool(setting)
+    convolutions = sum(isinstance(m, nn.Conv2d) for m in model.modules())
+    return torch.device(device).type == "cuda" and convolutions > 1
+
+
 # -- the accumulated backward --------------------------------------------------------------------------------
 def accumulation_caveat(model: nn.Module, accum: int) -> str | None:
     """Why accumulating ``accum`` micro-batches is not the whole-batch step for this model, or None."""

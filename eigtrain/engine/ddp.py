@@ -59,6 +59,7 @@ class DDPEngine:
         self.autocast_dtype = resolve_precision(precision, device)
         self.grad_clip = grad_clip
         model.to(device)
+        self.channels_last = channels_last  # the trainer hands the views over in the same layout
         if channels_last:
             model.to(memory_format=torch.channels_last)
         self.model = model  # the plain module: state dicts, export
