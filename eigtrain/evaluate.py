@@ -31,6 +31,7 @@ import torch
 from . import retrieval
 from .dist import resolve_env, select_device
 from .objectives.nesting import mrl_prefixes
+from .rayleigh_ritz import spectral_k_report
 from .output_dirs import EVAL_ENTRIES, check_output_dir
 
 F32 = torch.float32
@@ -168,9 +169,9 @@ def adaptive_dimension_table(
         train["pca"], test["pca"] = pca_features(train["raw"], test["raw"])
     acc = lambda tr, te: probe_accuracy(tr, train_y, te, test_y, probe=probe, seed=seed, **probe_kwargs)  # noqa: E731
     results: dict[str, dict[int, float]] = {}
-    prefixes = {label: name for name, label in (("rr", "RR"), ("jn", "JN"), ("pca", "PCA")) if name in train}
+    prefixes = {label: name for name, label in PREFIX_METHODS if name in train}
     first_k = lambda name: {k: acc(train[name][:, :k], test[name][:, :k]).item() for k in dims}  # noqa: E731
-    for label in ("RR", "JN"):  # table order: RR, JN, FF, PCA, RS
+    for label in ("RR", RR_PAPER, "JN"):  # table order: RR, RR (paper), JN, FF, PCA, RS
         if label in prefixes:
             results[label] = first_k(prefixes[label])
     if fixed:
@@ -195,13 +196,42 @@ def adaptive_dimension_table(
                     "bottom": acc(train["rr"][:, d - k :], test["rr"][:, d - k :]).item(),
                 }
     knn = {name: knn_accuracy(train[name], train_y, test[name], test_y) for name in train}
-    report = {"dims": dims, "probe": probe, "accuracy": results, "ordering": ordering, "knn": knn}
+    report = {"dims": dims, "probe": probe, "accuracy": results, "ordering": ordering, "knn": knn,
+              "constant_share": constant_shares(test, prefixes, fixed)}
     if retrieval_backend is not None:
         report.update(_retrieval_report(train, test, train_y, test_y, dims, prefixes, fixed, subsets,
                                         retrieval_draws, retrieval.resolve_backend(retrieval_backend)))
     one_nn = {m: {k: v["1nn"] for k, v in r.items()} for m, r in report.get("retrieval", {}).items()}
     report["smallest_k"] = {m: {**_within(results.get(m), "accuracy"), **_within(one_nn.get(m), "1nn")} for m in results}
     return report
+
+
+def constant_share(features: torch.Tensor) -> list[float]:
+    """Per feature, the share of its second moment that is constant across the set: E[f]^2 / E[f^2] (1: a
+    constant feature, 0: mean zero)."""
+    f = features.double()
+    return (f.mean(0) ** 2 / (f.pow(2).mean(0)).clamp_min(1e-300)).tolist()
+
+
+def constant_shares(test, prefixes, fixed, first: int = 8) -> dict[str, list[float]]:
+    """constant_share of the first `first` features of every method on the validation split (FF: each k's
+    model, raw: the embedding's own coordinates, what RS draws from)."""
+    rows = {label: constant_share(test[name][:, :first]) for label, name in prefixes.items()}
+    rows.update({f"FF k={k}": constant_share(te[:, :first]) for k, (_, te) in sorted((fixed or {}).items())})
+    if "raw" in test:
+        rows["raw"] = constant_share(test["raw"][:, :first])
+    return rows
+
+
+def spectrum_report(eigenvalues: torch.Tensor, dims: list[int], measured: Mapping[str, int | None]) -> dict:
+    """The k the export's eigenvalues suggest (beyond the trivial mode), rounded up to the evaluated sizes, beside
+    the k the probes measured (smallest k within 1 / 5 points of RR at full size): agree = same size."""
+    on_grid = lambda k: min((d for d in dims if d >= k), default=max(dims))  # noqa: E731
+    rows = {}
+    for key, k in spectral_k_report(eigenvalues).items():
+        rows[key] = {"k": k, "k_on_grid": on_grid(k),
+                     **{f"agrees_{x}pt": on_grid(k) == measured.get(f"accuracy_within_{x}pt") for x in (1, 5)}}
+    return {"suggested": rows, "measured": {f"{x}pt": measured.get(f"accuracy_within_{x}pt") for x in (1, 5)}}
 
 
 def _within(row: Mapping[int, float] | None, metric: str) -> dict[str, int | None]:
@@ -253,6 +283,7 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     if report["knn"]:
         lines += ["", "kNN accuracy (k=20, cosine, full dimension): " + ", ".join(f"{n}: {100 * v:.2f}" for n, v in report["knn"].items())]
     lines += _retrieval_lines(report)
+    lines += _constant_and_spectrum_lines(report)
     paths = {"markdown": out / "table.md", "csv": out / "table.csv", "json": out / "report.json", "plot": out / "accuracy_vs_dim.png"}
     paths["markdown"].write_text("\n".join(lines) + "\n")
     with open(paths["csv"], "w", newline="") as fh:
@@ -267,6 +298,9 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
         _plot_retrieval(report, paths["retrieval_plot"], title)
     return paths
 
+
+RR_PAPER = "RR (paper)"  # Rayleigh-Ritz in the paper's convention: the constant mode kept as feature 1
+PREFIX_METHODS = (("rr", "RR"), ("rr_paper", RR_PAPER), ("jn", "JN"), ("pca", "PCA"))
 
 RETRIEVAL_METRICS = (("1nn", "1-NN"), ("recall@1", "R@1"), ("recall@10", "R@10"))
 STORAGE_ROWS = (("fp32", "bytes/vector fp32"), ("fp16", "bytes/vector fp16"), ("int8", "bytes/vector int8"),
@@ -309,6 +343,28 @@ def _retrieval_lines(report: dict) -> list[str]:
         for method, row in report["smallest_k"].items():
             keys = ("accuracy_within_1pt", "accuracy_within_5pt", "1nn_within_1pt", "1nn_within_5pt")
             lines.append(f"| {method} | " + " | ".join(str(row.get(key) or "–") for key in keys) + " |")
+    return lines
+
+
+def _constant_and_spectrum_lines(report: dict) -> list[str]:
+    lines = []
+    if report.get("constant_share"):
+        width = max(len(v) for v in report["constant_share"].values())
+        lines += ["", "### How constant each feature is on the validation split: E[f]² / E[f²] (1 = constant)", "",
+                  "| Method \\ feature | " + " | ".join(str(i + 1) for i in range(width)) + " |", "|---|" + "---|" * width]
+        for method, row in report["constant_share"].items():
+            lines.append(f"| {method} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
+    if report.get("spectrum"):
+        spec = report["spectrum"]
+        lines += ["", "### k suggested by the Rayleigh–Ritz spectrum (beyond the trivial mode) vs k measured by the probe",
+                  "", f"Measured (smallest k within 1 / 5 points of RR at k = {max(report['dims'])}): "
+                  f"{spec['measured']['1pt'] or '–'} / {spec['measured']['5pt'] or '–'}.", "",
+                  "| share of | k | on the evaluated sizes | = measured 1 pt | = measured 5 pt |", "|---|---|---|---|---|"]
+        for key, row in spec["suggested"].items():
+            name, share = key.rsplit("_", 1)
+            label = f"{100 * float(share):g} % of {'Σλ²' if name == 'sum_sq' else 'Σλ'}"
+            lines.append(f"| {label} | {row['k']} | {row['k_on_grid']} | {'yes' if row['agrees_1pt'] else 'no'} | "
+                         f"{'yes' if row['agrees_5pt'] else 'no'} |")
     return lines
 
 
@@ -433,6 +489,8 @@ def _load_features(path: str):
 
 def evaluate(cfg) -> tuple[dict, dict]:
     from .embed import check_split, command_line_data, embed_split, open_run
+    from safetensors import safe_open
+
     from .export import load_head
 
     if bool(cfg.run_dir) == bool(cfg.features):
@@ -456,6 +514,9 @@ def evaluate(cfg) -> tuple[dict, dict]:
     if rr_dir and (Path(rr_dir) / "rr.safetensors").exists():
         head = load_head(rr_dir, dtype=torch.float64)
         train["rr"], test["rr"] = head(train_z.double()).float(), head(test_z.double()).float()
+        if "paper_transform" in safe_open(str(Path(rr_dir) / "rr.safetensors"), "pt").keys():  # both conventions
+            paper = load_head(rr_dir, dtype=torch.float64, convention="paper")
+            train["rr_paper"], test["rr_paper"] = paper(train_z.double()).float(), paper(test_z.double()).float()
     elif cfg.rr:
         raise FileNotFoundError(f"no Rayleigh-Ritz export at {cfg.rr} (run eigtrain-rr first)")
     if nested:
@@ -471,6 +532,8 @@ def evaluate(cfg) -> tuple[dict, dict]:
                                       probe=cfg.probe, seed=cfg.seed, pca=cfg.pca, retrieval_backend=backend,
                                       retrieval_draws=cfg.retrieval_draws)
     report["data"] = sources  # which data each split came from (URLs without credentials)
+    if "rr" in train:  # the k the export's spectrum suggests, beside the k the probes measured
+        report["spectrum"] = spectrum_report(head.eigenvalues, dims, report["smallest_k"].get("RR", {}))
     title = f"Accuracy (%) by representation size — {Path(cfg.run_dir or cfg.features).name}"
     return report, write_report(report, out, title)
 

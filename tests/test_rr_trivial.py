@@ -122,3 +122,28 @@ def test_random_resnet18_over_image_shards_exports_without_a_ridge(foreign_shard
     tensors = load_file(str(out / "rr.safetensors"))
     assert torch.isfinite(tensors["transform"]).all() and tensors["transform"].shape == (512, dims["features"])
     assert manifest["trivial"]["handling"] == "exclude" and tensors["trivial_eigenvalue"].item() == 1.0
+
+
+def test_eval_reports_both_conventions_constant_shares_and_the_spectrum_k(tmp_path):
+    from eigtrain.evaluate import main as eval_main
+    from tests.test_evaluate import _blobs
+
+    x, y = _blobs(d=8)
+    x = x + 5.0  # an embedding far from the origin: its span nearly holds the constant, as SCL's does
+    noisy = x[:400] + 0.3 * torch.randn(400, 8, generator=torch.Generator().manual_seed(2))
+    np.savez(tmp_path / "pairs.npz", z1=x[:400].double().numpy(), z2=noisy.double().numpy())
+    assert rr_main([f"embeddings={tmp_path / 'pairs.npz'}", f"out={tmp_path / 'rr'}"]) == 0
+    np.savez(tmp_path / "f.npz", train_z=x[:400].numpy(), train_y=y[:400].numpy(), test_z=x[400:].numpy(), test_y=y[400:].numpy())
+    assert eval_main([f"features={tmp_path / 'f.npz'}", f"rr={tmp_path / 'rr'}", f"out={tmp_path / 'ev'}",
+                      "probe=closed_form", "random_draws=3", "dims=[4,8]", "retrieval=none"]) == 0
+    report = json.loads((tmp_path / "ev" / "report.json").read_text())
+    assert {"RR", "RR (paper)", "PCA", "RS"} <= set(report["accuracy"])
+    shares = report["constant_share"]
+    assert shares["RR (paper)"][0] > 0.9 and max(shares["RR"]) < 0.05 and max(shares["PCA"]) < 0.05  # feature 1
+    assert min(shares["raw"]) > 0.5  # the raw coordinates are mostly their offset
+    spectrum = report["spectrum"]
+    assert set(spectrum["suggested"]) == {"sum_0.5", "sum_sq_0.5", "sum_0.9", "sum_sq_0.9"}
+    assert spectrum["measured"]["5pt"] == report["smallest_k"]["RR"]["accuracy_within_5pt"]
+    assert all(row["k_on_grid"] in (4, 8) for row in spectrum["suggested"].values())
+    md = (tmp_path / "ev" / "table.md").read_text()
+    assert "| RR (paper) |" in md and "How constant each feature is" in md and "k suggested by the Rayleigh–Ritz spectrum" in md
