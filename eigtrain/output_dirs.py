@@ -50,14 +50,18 @@ def check_output_dir(directory: str | os.PathLike, own: Iterable[str], key: str)
                              f"to write into it (nothing was changed there); choose a new or empty directory")
 
 
-def claim_run_dir(run_dir: str | os.PathLike) -> str:
+def claim_run_dir(run_dir: str | os.PathLike, launcher_folder: str | None = None) -> str:
     """Make `run_dir` (rank 0, before anything is written there) and mark it eigtrain's; '' when done, or the one
-    line saying why not (a directory holding what eigtrain did not write is left as it is)."""
+    line saying why not (a directory holding what eigtrain did not write is left as it is). `launcher_folder`: the
+    Slurm launcher's log folder, written before the job starts (eigtrain's too when it lies in `run_dir`)."""
     run_dir = Path(run_dir)
     if (run_dir / RUN_MARK).is_file():
         return ""
+    own = set(RUN_ENTRIES)
+    if launcher_folder and Path(launcher_folder).parent.resolve() == run_dir.resolve():
+        own.add(Path(launcher_folder).name)
     try:
-        check_output_dir(run_dir, RUN_ENTRIES, "run_dir")
+        check_output_dir(run_dir, own, "run_dir")
     except OutputDirError as refusal:
         return str(refusal)
     run_dir.mkdir(parents=True, exist_ok=True)

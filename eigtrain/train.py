@@ -100,7 +100,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, micro_batch: int, accum: int) -> dict[str, Any]:
     rank, world, rank0, data, pairs = env.rank, env.world_size, env.rank == 0, cfg.data, cfg.data.mode == "pairs"
     run_dir = Path(cfg.run_dir)
-    refused = dist.broadcast_object(claim_run_dir(run_dir) if rank0 else None)  # before anything is written there
+    folder = cfg.launcher.get("folder")  # the Slurm launcher's logs: written there before the job started
+    refused = dist.broadcast_object(claim_run_dir(run_dir, folder) if rank0 else None)  # before anything else
     if refused:
         raise ConfigError(refused)
     x_shape, a_shape = prepare_data(data, rank, cache_dir=run_dir / "data")

@@ -214,3 +214,10 @@ def test_count_cache_writes_only_its_own_file(tmp_path):
     names = sorted(p.name for p in cache_dir.iterdir())
     assert len(names) == 2 and names[0] == "mine.json" and names[1].startswith("shard-counts-")
     assert (cache_dir / "mine.json").read_text() == "{}"
+
+
+def test_a_slurm_log_folder_inside_the_run_dir_is_eigtrains(tmp_path):
+    (tmp_path / "run" / "logs").mkdir(parents=True)  # launcher.folder=${run_dir}/logs, made before the job ran
+    assert claim_run_dir(tmp_path / "run", str(tmp_path / "run" / "logs")) == ""
+    (tmp_path / "other" / "logs").mkdir(parents=True)
+    assert "logs" in claim_run_dir(tmp_path / "other")  # without that launcher folder: not eigtrain's
