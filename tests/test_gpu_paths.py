@@ -304,3 +304,41 @@ def test_channels_last_is_on_by_default_for_convolutional_backbones_on_cuda():
     assert not use_channels_last(None, resnet, torch.device("cpu"))
     assert not use_channels_last(None, vit_like, "cuda") and not use_channels_last(None, mlp, "cuda")
     assert use_channels_last(True, mlp, "cpu") and not use_channels_last(False, resnet, "cuda")
+
+
+# ---------------------------------------------------------------------------------------------- on a GPU
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (tools/gpu_check.sh)")
+
+
+def _jpegs(n: int = 16) -> list[bytes]:
+    g = torch.Generator().manual_seed(0)
+    return [bytes(torchvision.io.encode_jpeg(torch.randint(0, 256, (3, 64 + 8 * i, 48), dtype=torch.uint8,
+                                                           generator=g), quality=90).numpy()) for i in range(n)]
+
+
+@needs_cuda
+def test_nvjpeg_decode_never_writes_memory_the_training_stream_still_reads():
+    """Freed blocks whose reads are still queued on the training stream, then a decode: those reads must see
+    their own values (torchvision's decoder writes from a stream that does not wait for the caller's)."""
+    data, decoder = _jpegs(), gpu_decode.JpegDecoder(torch.device("cuda"))
+    for _ in range(20):
+        busy = [torch.full((1 << 20,), float(i), device="cuda") for i in range(8)]
+        slow = torch.randn(4096, 4096, device="cuda")
+        slow @ slow  # keeps the training stream busy while the reads below wait in its queue
+        sums = [b.sum() for b in busy]
+        del busy  # their blocks go back to the training stream's pool, reads still queued
+        decoder(data, 3)
+        assert [s.item() for s in sums] == [float(i * (1 << 20)) for i in range(8)]
+
+
+@needs_cuda
+def test_nvjpeg_decode_is_bit_identical_to_the_workers():
+    """What data.decode=cpu stays the default for until it passes on the GPU machine."""
+    from eigtrain.data.decode import decode_image_bytes
+
+    data = _jpegs()
+    on_gpu = gpu_decode.JpegDecoder(torch.device("cuda"))(data, 3)
+    diffs = [(g.cpu().int() - decode_image_bytes(d, 3, None).int()).abs().max().item() for g, d in zip(on_gpu, data)]
+    assert max(diffs) == 0, f"nvJPEG differs from the workers' decode by up to {max(diffs)} levels"
