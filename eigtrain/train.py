@@ -232,7 +232,8 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
             metrics.close()
             progress.close()
     return {"step": state["step"], "loss": float(result.loss) if result is not None else None, "run_dir": str(run_dir),
-            "checkpoint": str(saved) if saved else None, "skipped_steps": state["skipped_steps"], "stopped_on_signal": stop}
+            "checkpoint": str(saved) if saved else None, "skipped_steps": state["skipped_steps"],
+            "skipped_batches": state["skipped_batches"], "stopped_on_signal": stop}
 
 
 def _job_world_size(cfg: DictConfig) -> int:

@@ -2,8 +2,9 @@
 
 An engine owns the model (``engine.model``, the plain module), the optimizer and the parallel wrapper
 (``engine.train_module``), and offers:
-  ``train_step(micro_batches, loss_fn, lr) -> StepResult``  (loss_fn: a ``LossFn``, encode + objective; the
-      accumulated gradient is exact for the global batch; non-finite loss/grad: update skipped, decided on the device)
+  ``train_step(micro_batches, loss_fn, lr, usable=True) -> StepResult``  (loss_fn: a ``LossFn``, encode +
+      objective; the accumulated gradient is exact for the global batch; non-finite loss/grad: update skipped,
+      decided on the device; usable=False: this rank's batch is a stand-in and every rank skips the update)
   ``autocast()``  the encoder's mixed-precision context (the objective stays in fp32)
   ``save(step_dir, client_state)`` / ``load(step_dir)``  sharded model + optimizer state
   ``model_state_dict()``  the full weights for export

@@ -138,13 +138,20 @@ def accumulated_backward(
     loss_fn: LossFn,
     backward: Callable[[torch.Tensor, int], None],
     sync_context: Callable[[int], contextlib.AbstractContextManager] = lambda i: contextlib.nullcontext(),
+    usable: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward/backward over the micro-batches; returns the (detached) global-batch loss and terms.
 
     module: what to call (wrapped); model: the plain module (its buffers); backward(tensor, i): the engine's
     backward of micro-batch i's scalar; sync_context(i): e.g. DDP's no_sync for all but the last micro-batch.
     One micro-batch: the plain forward + backward. Several: gradient caching (module docstring).
+    usable=False: the micro-batches only stand in for a batch this rank could not use; its embeddings become NaN,
+    which the all-reduces carry to every rank, so every rank skips the update (`eigtrain.skipped_batches`), and
+    this rank's BatchNorm statistics stay as they were.
     """
+    if not usable:
+        with buffers_restored(model):
+            return accumulated_backward(module, model, micro_batches, _poisoned(loss_fn), backward, sync_context)
     if len(micro_batches) == 1:
         with sync_context(0):
             loss, terms = loss_fn(module, micro_batches[0])
@@ -176,6 +183,13 @@ def accumulated_backward(
             backward(surrogate, i)
     _rng_restore(after)  # as after the graph-free pass (the same draws): the random stream advanced once per step
     return loss.detach(), {k: v.detach() for k, v in terms.items()}
+
+
+def _poisoned(loss_fn: LossFn) -> LossFn:
+    def encode(module: nn.Module, micro_batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return tuple(z * float("nan") for z in loss_fn.encode(module, micro_batch))  # type: ignore[return-value]
+
+    return LossFn(encode, loss_fn.objective)
 
 
 # -- the guarded update --------------------------------------------------------------------------------------

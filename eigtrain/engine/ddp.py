@@ -74,10 +74,11 @@ class DDPEngine:
     def autocast(self) -> contextlib.AbstractContextManager:
         return autocast(self.device, self.autocast_dtype)
 
-    def train_step(self, micro_batches: list[Any], loss_fn: LossFn, lr: float) -> StepResult:
+    def train_step(self, micro_batches: list[Any], loss_fn: LossFn, lr: float, usable: bool = True) -> StepResult:
         """Forward/backward over the micro-batches (exact global-batch objective, see `accumulated_backward`),
         then one optimizer step unless the loss or the gradient is non-finite (then the update is a no-op).
-        No host synchronisation: the skip decision stays on the device (`StepResult.applied`)."""
+        No host synchronisation: the skip decision stays on the device (`StepResult.applied`). usable=False:
+        this rank's batch stands in for an unusable one and every rank skips the update."""
         self.model.train()
 
         def sync_context(i: int) -> contextlib.AbstractContextManager:
@@ -86,7 +87,8 @@ class DDPEngine:
             return self._ddp.no_sync() if (self._ddp is not None and not last) else contextlib.nullcontext()
 
         loss, terms = accumulated_backward(self.train_module, self.model, micro_batches, loss_fn,
-                                           backward=lambda t, i: t.backward(), sync_context=sync_context)
+                                           backward=lambda t, i: t.backward(), sync_context=sync_context,
+                                           usable=usable)
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)

@@ -88,10 +88,11 @@ class DeepSpeedEngine:
     def autocast(self) -> contextlib.AbstractContextManager:
         return autocast(self.device, self.autocast_dtype)
 
-    def train_step(self, micro_batches: list[Any], loss_fn: LossFn, lr: float) -> StepResult:
+    def train_step(self, micro_batches: list[Any], loss_fn: LossFn, lr: float, usable: bool = True) -> StepResult:
         """DeepSpeed reduces, clips and applies; its ZeRO optimizer checks the gradients for inf/NaN on all
         ranks before the update and skips it (counted in ``skipped_steps``; that check is DeepSpeed's own host
-        synchronisation). The accumulated gradient is exact for the global batch (`accumulated_backward`)."""
+        synchronisation). The accumulated gradient is exact for the global batch (`accumulated_backward`).
+        usable=False: this rank's batch stands in for an unusable one and every rank skips the update."""
         self.ds.train()
         skipped_before, last, skip = self.ds.skipped_steps, len(micro_batches) - 1, False
 
@@ -110,7 +111,8 @@ class DeepSpeedEngine:
                 set_lr(self.optimizer, lr)
             self.ds.step()  # an update only at the accumulation boundary
 
-        loss, terms = accumulated_backward(self.ds, self.model, micro_batches, loss_fn, backward=backward)
+        loss, terms = accumulated_backward(self.ds, self.model, micro_batches, loss_fn, backward=backward,
+                                           usable=usable)
         applied = self.ds.skipped_steps == skipped_before and not skip
         grad_norm = None if skip else self.ds.get_global_grad_norm()
         return StepResult(loss=loss, terms=terms, grad_norm=float("nan") if grad_norm is None else grad_norm,
