@@ -1,7 +1,10 @@
 """Gradient accumulation is exact: accumulation 1 and 4 give the same global-batch loss and the same gradients,
-for every objective family (two gloo processes, float64), and BatchNorm statistics move once per micro-batch."""
+for every objective family (two gloo processes, float64), with dropout too (the graph forward replays the masks of
+the graph-free one); BatchNorm statistics move once per micro-batch. With BatchNorm the step is not exact (each
+micro-batch is normalized by its own statistics): the losses differ and the trainer says so once."""
 
 import copy
+import logging
 import os
 import socket
 
@@ -11,9 +14,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from eigtrain.engine import chunks
-from eigtrain.engine.base import LossFn, accumulated_backward
+from eigtrain.engine.base import LossFn, accumulated_backward, accumulation_caveat
 from eigtrain.engine.ddp import DDPEngine
 from eigtrain.objectives import build_objective
+from tests.test_train_support import digits_root, overrides  # noqa: F401
 
 IN_DIM, DIM, LOCAL_BATCH, WORLD, ACCUM = 5, 6, 16, 2, 4
 SGD = {"name": "sgd", "lr": 1.0, "momentum": 0.0, "weight_decay": 0.0}  # lr 1: the update is minus the gradient
@@ -141,6 +145,73 @@ def test_batchnorm_statistics_move_once_per_micro_batch():
         assert torch.equal(dict(model.named_buffers())[name], buffer), name
 
 
+class DropoutEncoders(torch.nn.Module):
+    """Pairs: phi with Dropout(0.3) (its masks, drawn row after row on the CPU, are the same for the whole batch
+    and for its micro-batches in order), psi without."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.phi = torch.nn.Sequential(torch.nn.Linear(IN_DIM, 8), torch.nn.GELU(), torch.nn.Dropout(0.3),
+                                       torch.nn.Linear(8, DIM))
+        self.psi = torch.nn.Sequential(torch.nn.Linear(IN_DIM, 8), torch.nn.GELU(), torch.nn.Linear(8, DIM))
+
+    def forward(self, x, a):
+        return self.phi(x), self.psi(a)
+
+
+def _dropout_step(accum, encode_log=None):
+    objective = build_objective("vicreg", DIM, pairs=True, distributed=False)
+    model = DropoutEncoders().double()
+    engine = DDPEngine(model, SGD, device=torch.device("cpu"), precision="fp32")
+    fn = loss_fn(objective)
+    if encode_log is not None:
+        encode = fn.encode
+        fn = LossFn(lambda m, mb: encode_log.append(encode(m, mb)) or encode_log[-1], objective)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, a = data(0)
+    torch.manual_seed(7)
+    result = engine.train_step(list(zip(chunks(x, accum), chunks(a, accum))), fn, lr=1.0)
+    return result.loss, [p.detach() - b for p, b in zip(model.parameters(), before)], torch.rand(3)
+
+
+def test_dropout_masks_are_replayed_so_accumulation_1_and_4_agree():
+    one, four = _dropout_step(1), _dropout_step(ACCUM)
+    torch.testing.assert_close(four[0], one[0], rtol=1e-12, atol=1e-12)
+    assert max(u.abs().max() for u in one[1]) > 1e-3
+    for got, want in zip(four[1], one[1]):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert torch.equal(four[2], one[2])  # the random stream advanced as by one forward (resume stays exact)
+
+
+def test_graph_forward_recomputes_the_graph_free_embeddings_under_dropout():
+    calls = []
+    _dropout_step(ACCUM, encode_log=calls)
+    assert len(calls) == 2 * ACCUM  # graph-free pass, then graph pass
+    for cached, graph in zip(calls[:ACCUM], calls[ACCUM:]):
+        for c, g in zip(cached, graph):
+            assert torch.equal(c, g.detach())
+
+
+def test_batchnorm_accumulation_is_not_exact_and_is_named():
+    """Train-mode BatchNorm normalizes each micro-batch by its own statistics: accumulation 1 and 4 give different
+    losses for the same weights and batch; without BatchNorm they are equal."""
+    def step_loss(model, accum):
+        engine = DDPEngine(copy.deepcopy(model), SGD, device=torch.device("cpu"), precision="fp32")
+        x, a = data(0)
+        micro = list(zip(chunks(x, accum), chunks(a, accum)))
+        return engine.train_step(micro, loss_fn(build_objective("scl", DIM, distributed=False)), lr=0.0).loss
+
+    torch.manual_seed(0)
+    with_bn = torch.nn.Sequential(torch.nn.Linear(IN_DIM, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                                  torch.nn.Linear(8, DIM)).double()
+    plain = Encoders(False).double()
+    assert abs(step_loss(with_bn, 1) - step_loss(with_bn, ACCUM)) > 1e-3
+    torch.testing.assert_close(step_loss(plain, ACCUM), step_loss(plain, 1), rtol=1e-12, atol=1e-12)
+    assert "BatchNorm1d in the encoder: each micro-batch is normalized by its own" in accumulation_caveat(with_bn, 4)
+    assert accumulation_caveat(with_bn, 1) is None and accumulation_caveat(plain, 4) is None
+
+
 DS_CASES = [("vicreg", {}, "joint")]
 
 
@@ -177,3 +248,20 @@ def test_deepspeed_accumulation_1_and_4_give_the_same_loss_and_update(tmp_path):
         assert max(u.abs().max() for u in update1) > 1e-3
         for got, want in zip(update4, update1):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=str(case))
+
+
+def test_trainer_names_the_batchnorm_caveat_once_and_the_losses_differ(digits_root, tmp_path, caplog):  # noqa: F811
+    """cpu_debug's tiny CNN has BatchNorm: 64 x 1 and 16 x 4 give different step-1 losses for the same weights and
+    batch, and the accumulated run says why, once, at start."""
+    from eigtrain.train import compose_config, run
+
+    losses = {}
+    for micro in (64, 16):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="eigtrain.train"):
+            cfg = compose_config(overrides(tmp_path / f"run{micro}", digits_root, "steps=1",
+                                           f"micro_batch_size={micro}"))
+            losses[micro] = run(cfg)["loss"]
+        named = [r for r in caplog.records if "normalized by its own statistics" in r.getMessage()]
+        assert len(named) == (1 if micro == 16 else 0), caplog.text
+    assert abs(losses[64] - losses[16]) > 1e-3, losses
