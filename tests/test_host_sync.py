@@ -124,3 +124,20 @@ def test_hue_jitter_whole_images_and_save_on_signal_add_no_host_sync(counted_syn
     assert result["step"] == STEPS
     per_step = {s: counted_syncs.get(s, []) for s in range(1, STEPS)}
     assert all(len(calls) <= 1 for calls in per_step.values()), per_step
+
+
+def test_ranks_agree_on_a_stop_signal_at_the_next_check(digits_root, tmp_path, one_rank_group, monkeypatch):  # noqa: F811
+    """In a process group the stop flag is all-reduced every signal_check_every steps: a signal during step 3
+    with checks every 4 steps saves at step 4 and stops there."""
+    from tests.test_train_e2e import faulty_objectives
+
+    for name in ("installed", "received", "requeue_signal", "stopped", "requeue"):  # restored after the test
+        monkeypatch.setattr(dist._StopState, name, getattr(dist._StopState, name))
+    previous = signal.getsignal(signal.SIGUSR1)
+    dist.install_stop_handler(requeue_signal=None, stop_signals=(signal.SIGUSR1,))
+    faulty_objectives(monkeypatch, signal_calls={3})
+    try:
+        result = run(compose_config(overrides(tmp_path / "run", digits_root, "signal_check_every=4")))
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert result["stopped_on_signal"] and result["step"] == 4
