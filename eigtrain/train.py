@@ -11,6 +11,7 @@ A run resumes automatically from the newest complete checkpoint in ``run_dir``.
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -255,6 +256,8 @@ def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from torch.distributed.checkpoint.api import CheckpointException
+
     from eigtrain.data import ShardError
     from eigtrain.launch import launch
 
@@ -276,6 +279,12 @@ def _hydra_main(cfg: DictConfig) -> None:
         raise SystemExit(f"eigtrain-train: {exn}") from None
     except OSError as exn:  # a full disk, a read-only run directory: one line naming the file
         raise SystemExit(f"eigtrain-train: cannot write {exn.filename or 'the run'}: {exn.strerror or exn}") from None
+    except ValueError as exn:  # found once the data is read (e.g. too few samples for one batch per worker)
+        raise SystemExit(f"eigtrain-train: {exn}") from None
+        errors = {f"{type(e).__name__}: {str(e).splitlines()[0]}" for e, _ in exn.failures.values()}
+        free = shutil.disk_usage(cfg.run_dir).free
+        raise SystemExit(f"eigtrain-train: cannot write a checkpoint in {cfg.run_dir} ({free} bytes free there): "
+                         f"{'; '.join(sorted(errors))}") from None
 
 
 def main() -> None:

@@ -1,19 +1,139 @@
-"""tools/gpu_check.sh on a machine without CUDA: says so, does its CPU dry run, exits 0."""
+"""The GPU day-one kit (tools/gpu_check.sh and friends) on a machine without CUDA.
 
+Fast: the time boxes (each part fits one 10-minute command, all <= 20 min, in the issue's order), the offline
+install's choice of image vs .whl (real wheel files), its refusals, and the report's figures and targets.
+Slow: gpu_check.sh's CPU dry run here, and tools/ci_offline_install.sh (wheels for 3.12 resolve; a venv that sees
+only the device image's packages installs from wheels with no index and passes the CPU dry run).
+"""
+
+import re
 import subprocess
 import sys
+import time
+import zipfile
+from pathlib import Path
 
 import pytest
 
 from tests.test_train_support import REPO, clean_env
 
+sys.path.insert(0, str(REPO / "tools"))
+import gpu_check  # noqa: E402
+import offline_install  # noqa: E402
+
+
+def test_gpu_steps_fit_their_time_boxes_in_the_issues_order():
+    steps = gpu_check.cuda_steps("python", Path("runs"), Path("logs"))
+    assert [s.name[0] for s in steps] == sorted(s.name[0] for s in steps)  # (a) first ... (g) last
+    assert {s.name[0] for s in steps} == set("abcdefg")
+    for part in (1, 2):
+        assert gpu_check.INSTALL_BOX_S + sum(s.box_s for s in steps if s.part == part) <= gpu_check.PART_BOX_S
+    assert 2 * gpu_check.INSTALL_BOX_S + sum(s.box_s for s in steps) <= gpu_check.TOTAL_BOX_S == 20 * 60
+
+
+def fake_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
+    """A real wheel file (metadata and one module) named `name`."""
+    module = name.replace("-", "_")
+    path = folder / f"{module}-{version}-py3-none-any.whl"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{module}/__init__.py", f"VERSION = {version!r}\n")
+        zf.writestr(f"{module}-{version}.dist-info/METADATA", meta)
+        zf.writestr(f"{module}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{module}-{version}.dist-info/RECORD", "")
+    return path
+
+
+def test_offline_install_takes_from_the_image_what_it_has_new_enough_and_the_rest_from_wheels(tmp_path, monkeypatch):
+    import packaging
+
+    monkeypatch.setitem(offline_install.OPTIONAL, "zz-optional", "works without it")
+
+    have = packaging.__version__
+    wheels = {offline_install.normalize(n): (p, v, r) for p in (
+        fake_wheel(tmp_path, "packaging", "0.1"),  # the image's is newer and nothing asks for more: image
+        fake_wheel(tmp_path, "pytest", "0.1"),  # someone needs pytest>=999: the wheel (even though older: flagged)
+        fake_wheel(tmp_path, "zz-absent-here", "1.0", ("pytest>=999", "packaging>=1", "zz-nowhere>=2", "zz-optional")),
+    ) for n, v, r in [offline_install.wheel_metadata(p)]}
+    chosen, unmet = offline_install.plan(wheels, [])
+    assert chosen["packaging"] == ("image", have)
+    assert chosen["zz-absent-here"] == (".whl", "1.0")
+    assert chosen["pytest"][0] == ".whl"
+    assert any(u.startswith("pytest: 0.1 does not satisfy pytest>=999") for u in unmet), unmet
+    assert "zz-nowhere: absent does not satisfy zz-nowhere>=2 (required)" in unmet
+    assert "zz-optional: absent does not satisfy zz-optional (works without it)" in unmet
+
+
+def test_offline_install_refuses_wheels_of_torch_and_foreign_targets(tmp_path, capsys):
+    (tmp_path / "w").mkdir()
+    fake_wheel(tmp_path / "w", "torch", "0.1")
+    assert offline_install.main(["--wheels", str(tmp_path / "w"), "--target", str(tmp_path / "t")]) == 1
+    assert "holds torch, which the image owns" in capsys.readouterr().out
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("not the tool's")
+    with pytest.raises(SystemExit, match="not empty and was not made by this tool"):
+        offline_install.prepare_target(foreign)
+    assert (foreign / "mine.txt").exists()
+
+
+def test_offline_install_unpacks_wheels_without_pip(tmp_path, monkeypatch):
+    monkeypatch.setattr(offline_install, "has_pip", lambda: False)
+    offline_install.prepare_target(tmp_path / "t")
+    offline_install.install([fake_wheel(tmp_path, "zz-plain", "2.0")], tmp_path / "t")
+    assert (tmp_path / "t" / "zz_plain" / "__init__.py").read_text() == "VERSION = '2.0'\n"
+
+
+def test_report_shows_figures_targets_and_what_needs_several_gpus(tmp_path):
+    bench = {"results": [{"model": "resnet50", "image_size": 224, "batch": 256, "modes": {
+        "synthetic": {"images_per_s": 2600.0, "mfu": 0.41}, "reference": {"images_per_s": 3000.0, "mfu": 0.47},
+        "jpeg": {"images_per_s": 2400.0, "mfu": 0.38}}}], "skipped": ["resnet50@224 png"]}
+    report = {"versions": {"device": "NVIDIA H100 80GB HBM3", "gpus": 1, "torch": "2.11"}, "commit": "abc",
+              "written": "now", "steps": {
+                  "b_bench_gpu": {"status": "PASS", "seconds": 200, "box_s": 270, "part": 1, "what": "bench",
+                                  "figures": bench},
+                  "e_deepspeed_zero3": {"status": "TIMEOUT", "seconds": 70, "box_s": 70, "part": 2, "what": "z3",
+                                        "tail": ["last line of its log"]}}}
+    gpu_check.write_report(tmp_path, report)
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "NVIDIA H100 80GB HBM3" in text and "| e_deepspeed_zero3 | 2 | TIMEOUT | 70 | 70 |" in text
+    assert "| resnet50 | 224 | 256 | jpeg | 2,400 | 38.0% | 80% |" in text
+    assert "from jpeg shards >= 85 % of the bare model: 80% NOT MET" in text
+    assert ">= 2,500 images/s on one H100: 2,600 MET" in text
+    assert "not measured (time budget): resnet50@224 png" in text and "last line of its log" in text
+    assert "What only a multi-GPU machine can show" in text and (tmp_path / "report.json").exists()
+
 
 @pytest.mark.slow
-def test_gpu_check_without_cuda_says_so_and_passes_its_cpu_dry_run(tmp_path):
+def test_gpu_check_without_cuda_lists_the_steps_and_passes_its_cpu_dry_run(tmp_path):
     env = {**clean_env(), "PYTHON": sys.executable, "OUT_DIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(["bash", str(REPO / "tools" / "gpu_check.sh")], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no CUDA device visible" in done.stdout and "CPU dry run OK" in done.stdout
+    assert "total time boxes:" in done.stdout and "limit 20 min" in done.stdout
     summary = (tmp_path / "summary.txt").read_text()
-    assert summary.count("PASS") == 3 and "FAIL" not in summary  # stop/resume (bit for bit), eigtrain-rr, bench
+    assert summary.count("PASS") == 4 and "FAIL" not in summary  # install, stop/resume bit for bit, rr, bench
+    assert "cpu_bench_dry_run | 0 | PASS" in (tmp_path / "REPORT.md").read_text()
+
+
+@pytest.mark.slow
+def test_offline_install_in_an_image_only_venv_passes_the_cpu_dry_run():
+    t0 = time.monotonic()
+    done = subprocess.run(["bash", str(REPO / "tools" / "ci_offline_install.sh")], env=clean_env(), capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "ci_offline_install: OK" in done.stdout
+    for name in ("deepspeed", "hydra-core", "webdataset", "kornia"):  # what the image lacks came from the wheels
+        assert re.search(rf"^\s+{name}\s+\S+\s+from \.whl$", done.stdout, re.M), name
+    for name in ("torch", "torchvision", "numpy"):  # never replaced
+        assert re.search(rf"^\s+{name}\s+\S+\s+from image$", done.stdout, re.M), name
+    print(f"ci_offline_install: {time.monotonic() - t0:.0f} s")
+
+
+def test_every_step_body_the_gpu_steps_name_exists():
+    import gpu_check_steps
+
+    steps = gpu_check.cuda_steps("python", Path("runs"), Path("logs")) + gpu_check.cpu_steps("python", Path("r"), Path("l"))
+    bodies = {s.argv[s.argv.index("--impl") + 1] for s in steps if "--impl" in s.argv}
+    assert bodies == set(gpu_check_steps.IMPLS), bodies

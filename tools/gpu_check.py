@@ -1,0 +1,324 @@
+"""The GPU day-one kit's steps, time boxes and report (run through tools/gpu_check.sh; standard library only).
+
+Each step runs in its own process under its time box (the whole set <= 20 minutes), logs to OUT_DIR/logs/NAME.log,
+may leave figures in OUT_DIR/logs/NAME.json, and is recorded PASS / FAIL / TIMEOUT in OUT_DIR/report.json and
+OUT_DIR/REPORT.md (device, versions, figures, targets, what only a multi-GPU machine can show). The report is
+rewritten after every step, merges earlier parts (--part 2 after --part 1 keeps part 1's results) and the exit
+status is 0 even when a step fails: the report says which. Steps in parts of <= 10 minutes (one command each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TOTAL_BOX_S = 20 * 60
+PART_BOX_S = 10 * 60 - 30  # the GPU machine runs one command for at most 10 minutes; 30 s for the rest
+INSTALL_BOX_S = 60  # pip from local wheels + the import check, on the GPU machine
+CPU_INSTALL_BOX_S = 300
+QUIET = ["logging.wandb.mode=disabled", "logging.progress=false"]
+RESNET = ["model=resnet18", "model.cifar_stem=true", "model.projector_hidden=512"]
+TARGETS = {"shards_vs_reference": 0.85, "resnet50_224_images_per_s": 2500.0}
+MULTI_GPU_ONLY = [
+    "NCCL collectives between GPUs (all-reduce, all-gather bandwidth and correctness across devices, NVLink/PCIe)",
+    "SyncBatchNorm statistics across ranks (world size 1 runs its kernels but sums one rank's statistics)",
+    "DDP gradient bucketing/overlap with real communication; the exact accumulated gradient across ranks",
+    "DeepSpeed ZeRO-2/3 partitioning across ranks (one rank holds every shard)",
+    "device binding of LOCAL_RANK > 0 and Slurm --gpus-per-task / several tasks per node",
+    "per-device CUDA RNG streams differing across ranks; data sharding across ranks on GPUs",
+    "scaling efficiency (images/s per GPU at 2..N GPUs) and the objective's communication cost at scale",
+]
+
+
+@dataclass
+class Step:
+    name: str
+    part: int
+    box_s: int
+    what: str
+    argv: list[str]
+    torchrun: bool = False
+
+
+def cuda_steps(py: str, runs: Path, logs: Path) -> list[Step]:
+    me = [py, str(REPO / "tools" / "gpu_check.py")]
+    bench = [py, str(REPO / "tools" / "bench_gpu.py")]
+    train = [py, "-m", "eigtrain.train", "experiment=cpu_debug", *QUIET, f"data.root={runs}/digits", "log_every=1"]
+    run1 = [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "eigtrain.train",
+            "experiment=cpu_debug", *QUIET, f"data.root={runs}/digits", "log_every=1", "device=cuda"]
+    return [
+        Step("a_train_bf16_channels_last_compile_digits", 1, 135,
+             "trainer on digits: ResNet-18, bf16 autocast, channels_last, torch.compile, 6 steps",
+             [*train, "device=cuda", *RESNET, "engine.precision=bf16", "engine.channels_last=true",
+              "engine.compile=true", "steps=6", f"run_dir={runs}/bf16"]),
+        Step("a_train_compile_synthetic", 1, 75, "trainer's step on synthetic tensors: ResNet-18 32 px batch 512, "
+             "bf16 + channels_last + compile", [*bench, "--cases", "resnet18:32:512", "--modes", "synthetic",
+                                                 "--compile", "--steps", "20", "--warmup", "5",
+                                                 "--out", str(logs / "a_train_compile_synthetic.json")]),
+        Step("b_bench_gpu", 1, 270, "bench_gpu.py: ResNet-18 32 px b512, ResNet-50 224 px b256; in memory, JPEG "
+             "shards (nvJPEG + GPU augmentation), PNG shards, DDP wrapper vs bare, bare torchvision reference, MFU",
+             [*bench, "--budget-s", "240", "--out", str(logs / "b_bench_gpu.json")]),
+        Step("c_host_syncs_per_step", 2, 75, "CUDA sync-debug mode: host syncs per step, cifar preset (hue jitter), "
+             "image_fit=whole, PNG shards", [*me, "--impl", "host_syncs", str(runs)]),
+        Step("d_stop_resume_fp32_bitwise", 2, 75, "stop after 2 steps, resume to 4: fp32 losses bit-identical",
+             [*me, "--impl", "resume", str(runs), "cuda", "fp32", "0"]),
+        Step("d_stop_resume_bf16", 2, 75, "stop after 2 steps, resume to 4: bf16 losses within 2e-2",
+             [*me, "--impl", "resume", str(runs), "cuda", "bf16", "2e-2"]),
+        Step("e_deepspeed_zero2", 2, 70, "DeepSpeed ZeRO-2, one GPU rank under torchrun (NCCL group)",
+             [*run1, "engine=deepspeed", "engine.zero_stage=2", "steps=6", f"run_dir={runs}/zero2"]),
+        Step("e_deepspeed_zero3", 2, 70, "DeepSpeed ZeRO-3, one GPU rank under torchrun (NCCL group)",
+             [*run1, "engine=deepspeed", "engine.zero_stage=3", "steps=6", f"run_dir={runs}/zero3"]),
+        Step("f_rr_and_eval", 2, 70, "a 4-step bf16 ResNet-18 run, then eigtrain-rr and eigtrain-eval on the GPU",
+             [*me, "--impl", "rr_eval", str(runs)]),
+        Step("g_nccl_ddp_syncbn_1rank", 2, 50, "torchrun 1 rank: NCCL group, LOCAL_RANK binding, SyncBatchNorm "
+             "converted + its kernels vs BatchNorm, DDP-wrapped ResNet-18 steps",
+             [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+              str(REPO / "tools" / "gpu_check.py"), "--impl", "nccl_syncbn"]),
+    ]
+
+
+def cpu_steps(py: str, runs: Path, logs: Path) -> list[Step]:
+    me = [py, str(REPO / "tools" / "gpu_check.py")]
+    return [
+        Step("cpu_stop_resume_bitwise", 0, 300, "stop + resume on the CPU, bit for bit (exact accumulation)",
+             [*me, "--impl", "resume", str(runs), "cpu", "fp32", "0"]),
+        Step("cpu_rr", 0, 300, "eigtrain-rr on the resumed run", [*me, "--impl", "rr_eval", str(runs), "--cpu"]),
+        Step("cpu_bench_dry_run", 0, 300, "bench_gpu.py --dry-run (every mode, tiny, CPU)",
+             [py, str(REPO / "tools" / "bench_gpu.py"), "--dry-run", "--out", str(logs / "cpu_bench_dry_run.json")]),
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Orchestration
+
+
+def probe(py: str, env: dict, code: str, timeout: float = 120) -> str:
+    try:
+        done = subprocess.run([py, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+VERSIONS = """
+import importlib.metadata as m, json, platform, torch
+v = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+     "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+     "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+     "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+for d in ("torchvision", "timm", "numpy", "deepspeed", "hydra-core", "kornia", "webdataset", "eigtrain"):
+    try: v[d] = m.version(d)
+    except m.PackageNotFoundError: v[d] = None
+print(json.dumps(v))
+"""
+
+
+def run_step(step: Step, env: dict, logs: Path, cwd: Path) -> dict:
+    log = logs / f"{step.name}.log"
+    t0 = time.monotonic()
+    with open(log, "w") as out:
+        out.write(f"$ {' '.join(step.argv)}\n")
+        out.flush()
+        # cwd: not the repository, whose eigtrain/ (without its configs) would shadow the installed package
+        proc = subprocess.Popen(step.argv, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
+                                env={**env, "GPU_CHECK_FIGURES": str(logs / f"{step.name}.json")})
+        try:
+            code = proc.wait(timeout=step.box_s)
+            status = "PASS" if code == 0 else "FAIL"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 15)  # the step's own process group (torchrun's children included)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+            status = "TIMEOUT"
+    result = {"status": status, "seconds": round(time.monotonic() - t0, 1), "box_s": step.box_s, "part": step.part,
+              "what": step.what, "log": str(log)}
+    figures = logs / f"{step.name}.json"
+    if figures.exists():
+        try:
+            result["figures"] = json.loads(figures.read_text())
+        except ValueError:
+            result["figures"] = {"error": f"{figures} is not JSON"}
+    if status != "PASS":
+        result["tail"] = log.read_text(errors="replace").splitlines()[-12:]
+    return result
+
+
+def list_steps(steps: list[Step], install_box: int) -> None:
+    parts = sorted({s.part for s in steps})
+    total = install_box * len(parts) + sum(s.box_s for s in steps)
+    print(f"gpu_check: {len(steps)} steps (+ the offline install in each part), time boxes:")
+    for part in parts:
+        print(f"  part {part}: install from .whl/ ({install_box} s)" if part else f"  install ({install_box} s)")
+        for s in (s for s in steps if s.part == part):
+            print(f"    {s.name:<44} {s.box_s:>4} s  {s.what}")
+        box = install_box + sum(s.box_s for s in steps if s.part == part)
+        print(f"    part {part} in all: {box} s" if part else f"    in all: {box} s")
+    print(f"  total time boxes: {total} s ({total / 60:.1f} min; limit {TOTAL_BOX_S // 60} min)")
+
+
+def fmt(x, digits=0) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}" if isinstance(x, (int, float)) else str(x)
+
+
+def bench_lines(figures: dict) -> list[str]:
+    lines = ["| model | px | batch | mode | images/s | MFU | vs bare reference |", "|---|---|---|---|---|---|---|"]
+    for case in figures.get("results", []):
+        ref = case.get("modes", {}).get("reference", {}).get("images_per_s")
+        for mode, m in case.get("modes", {}).items():
+            ips = m.get("images_per_s")
+            rel = f"{ips / ref:.0%}" if ips and ref else "-"
+            mfu = f"{m['mfu']:.1%}" if m.get("mfu") is not None else "-"
+            lines.append(f"| {case['model']} | {case['image_size']} | {case['batch']} | {mode} | {fmt(ips)} | {mfu} | {rel} |")
+    lines.append("")
+    for case in figures.get("results", []):
+        modes = case.get("modes", {})
+        ref = modes.get("reference", {}).get("images_per_s")
+        for mode in ("jpeg", "png"):
+            ips = modes.get(mode, {}).get("images_per_s")
+            if ips and ref:
+                ok = ips / ref >= TARGETS["shards_vs_reference"]
+                lines.append(f"- target {case['model']}@{case['image_size']} from {mode} shards >= 85 % of the bare "
+                             f"model: {ips / ref:.0%} {'MET' if ok else 'NOT MET'}")
+        if case["model"] == "resnet50" and case["image_size"] == 224:
+            best = max((m.get("images_per_s") or 0 for k, m in modes.items() if k != "reference"), default=0)
+            ok = best >= TARGETS["resnet50_224_images_per_s"]
+            lines.append(f"- target ResNet-50 224 px >= 2,500 images/s on one H100: {fmt(best)} {'MET' if ok else 'NOT MET'}")
+    for name in figures.get("skipped", []):
+        lines.append(f"- not measured (time budget): {name}")
+    return lines
+
+
+def write_report(out: Path, report: dict) -> None:
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    v = report.get("versions", {})
+    lines = ["# GPU check report (tools/gpu_check.sh)", "",
+             f"- device: {v.get('device')} ({v.get('gpus')} visible); written {report.get('written')}",
+             f"- versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k not in ("device", "gpus")),
+             f"- commit: {report.get('commit')}", "",
+             "| step | part | result | seconds | box s |", "|---|---|---|---|---|"]
+    steps = report.get("steps", {})
+    for name, r in steps.items():
+        lines.append(f"| {name} | {r.get('part')} | {r['status']} | {r['seconds']} | {r['box_s']} |")
+    lines.append("")
+    for name, r in steps.items():
+        lines += [f"## {name}: {r['status']}", "", r.get("what", ""), ""]
+        figures = r.get("figures")
+        if figures and "results" in figures:
+            lines += bench_lines(figures)
+        elif figures:
+            lines += [f"- {k}: {json.dumps(val)}" for k, val in figures.items()]
+        if r.get("tail"):
+            lines += ["", "```", *r["tail"], "```"]
+        lines.append("")
+    install = report.get("install")
+    if install:
+        lines += ["## Offline install", ""]
+        lines += [f"- {n} {p['version']} from {p['from']}" for n, p in sorted(install.get("packages", {}).items())]
+        lines += [f"- unmet: {u}" for u in install.get("unmet", [])] + [""]
+    lines += ["## What only a multi-GPU machine can show", ""] + [f"- {x}" for x in MULTI_GPU_ONLY] + [""]
+    (out / "REPORT.md").write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="list the steps with their time boxes, then the "
+                        "CPU dry run of the plumbing (never the GPU)")
+    parser.add_argument("--part", type=int, choices=(1, 2), default=None, help="only this part (each <= 10 min)")
+    parser.add_argument("--steps", default=None, help="only these steps (comma separated names)")
+    parser.add_argument("--impl", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.impl:
+        from gpu_check_steps import run_impl  # the step bodies (need torch + eigtrain)
+
+        return run_impl(args.impl)
+
+    py = sys.executable
+    wheels = Path(os.environ.get("WHEELS") or REPO / ".whl")
+    out = Path(os.environ.get("OUT_DIR") or (tempfile.mkdtemp(prefix="gpu_check_") if args.dry_run
+                                               else REPO / "benchmarks" / "gpu"))
+    logs, runs = out / "logs", Path(os.environ.get("RUNS_DIR") or out / "runs")
+    site = Path(os.environ.get("SITE_DIR") or out / "site")
+    for d in (logs, runs):
+        d.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1",
+           "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    env.pop("PYTHONPATH", None)
+    gpus = int(probe(py, env, "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
+               or 0)
+    install_box = INSTALL_BOX_S if gpus else CPU_INSTALL_BOX_S  # a loaded CI machine imports slowly
+    if wheels.is_dir():
+        install = Step("install", 0, install_box, f"offline install from {wheels}",
+                       [py, str(REPO / "tools" / "offline_install.py"), "--wheels", str(wheels), "--target", str(site),
+                        "--tree", str(REPO), "--json", str(logs / "install_plan.json")])
+        print(f"gpu_check: installing from {wheels} into {site} (no index, no deps; torch stays the image's)")
+        done = run_step(install, env, logs, runs)
+        print((logs / "install.log").read_text(errors="replace"), end="")
+        env["PYTHONPATH"] = str(site)
+    else:
+        done = {"status": "PASS", "seconds": 0, "box_s": 0, "part": 0, "what": f"no {wheels}: this Python's packages"}
+        print(f"gpu_check: no {wheels}: using {py}'s own packages (run tools/device_wheels.sh for an offline machine)")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(REPO / "tools")]))
+    versions = json.loads(probe(py, env, VERSIONS) or "{}")
+    steps = cuda_steps(py, runs, logs)
+    if args.dry_run or not gpus:
+        list_steps(steps, INSTALL_BOX_S)
+    if not gpus or args.dry_run:
+        print("gpu_check: no CUDA device visible: the GPU steps need one (nothing measured)." if not gpus else
+              "gpu_check: --dry-run: the GPU steps are listed, not run.")
+        steps = cpu_steps(py, runs, logs)
+        print(f"gpu_check: CPU dry run of the same plumbing (logs in {logs})")
+    if args.part:
+        steps = [s for s in steps if s.part in (0, args.part)]
+    if args.steps:
+        steps = [s for s in steps if s.name in args.steps.split(",")]
+    previous = out / "report.json"
+    report = json.loads(previous.read_text()) if previous.exists() and not args.dry_run and gpus else {"steps": {}}
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    report.update(versions=versions, commit=commit.stdout.strip() or "unknown (no .git)",
+                  written=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), platform=platform.platform())
+    report["steps"]["install"] = done
+    if (logs / "install_plan.json").exists():
+        report["install"] = json.loads((logs / "install_plan.json").read_text())
+    print(f"{done['status']} install ({done['seconds']} s)")
+    for step in steps:
+        if done["status"] != "PASS" and wheels.is_dir():
+            report["steps"][step.name] = {"status": "SKIPPED", "seconds": 0, "box_s": step.box_s, "part": step.part,
+                                          "what": step.what + " (the offline install failed)"}
+        else:
+            report["steps"][step.name] = result = run_step(step, env, logs, runs)
+            print(f"{result['status']} {step.name} ({result['seconds']} s of {step.box_s} s)")
+            for line in result.get("tail", []):
+                print(f"  [{step.name}] {line}")
+        write_report(out, report)
+    write_report(out, report)
+    if out.resolve() != (REPO / "benchmarks" / "gpu").resolve() and gpus and not args.dry_run:
+        dest = REPO / "benchmarks" / "gpu"
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("REPORT.md", "report.json"):
+            shutil.copy2(out / name, dest / name)
+    ran = [report["steps"][s.name]["status"] for s in steps] + [done["status"]]
+    ok = all(s == "PASS" for s in ran)
+    (out / "summary.txt").write_text("".join(f"{report['steps'][n]['status']} {n}\n" for n in report["steps"]))
+    if not gpus or args.dry_run:
+        print(f"gpu_check: CPU dry run {'OK' if ok else 'FAILED'} (no GPU: nothing measured); report {out / 'REPORT.md'}")
+        return 0 if ok else 1
+    print(f"gpu_check: {'all steps passed' if ok else 'some steps FAILED (see the report)'}; report {out / 'REPORT.md'}")
+    return 0  # the report says what failed; a failing step must not lose the others' figures
+
+
+if __name__ == "__main__":
+    sys.exit(main())
