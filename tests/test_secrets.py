@@ -124,3 +124,15 @@ def test_a_run_over_signed_urls_persists_the_token_nowhere(signed_shards, tmp_pa
 
     assert files_holding(sweep, TOKEN) == []  # sweep dir, run dir, checkpoints, caches, wandb, export
     assert TOKEN not in out.stdout + out.stderr
+
+
+def test_a_shard_index_of_signed_urls_stores_none_and_still_serves_their_counts(tmp_path):
+    from eigtrain.data.shards import expand_shards
+    from eigtrain.data.write import main as shards_main
+    from tests.test_data_foreign import write_class_ordered
+
+    store = write_class_ordered(tmp_path / "store", classes=2, per_class=3)
+    pattern = f"file://{store}/cls-{{000000..000001}}.tar?sig={TOKEN}"  # the local reader ignores the query
+    shards_main(["index", pattern, f"out={tmp_path / 'index.json'}"])
+    assert TOKEN not in (tmp_path / "index.json").read_text()
+    assert shard_counts(expand_shards(pattern), shard_index=str(tmp_path / "index.json")) == [3, 3]

@@ -227,7 +227,7 @@ def write_wids_index(out: str | os.PathLike, urls: list[str], counts: list[int],
         path = local_path(url)
         if path is not None and path.resolve().parent == base:
             url = path.name
-        entries.append({"url": url, "nsamples": int(n)})
+        entries.append({"url": redact_url(url), "nsamples": int(n)})  # an index persists no credential
     payload = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": name, "shardlist": entries}
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(payload, indent=1) + "\n")
@@ -258,7 +258,7 @@ def _sibling(url: str, name: str) -> str | None:
 def known_counts(urls: list[str], shard_index: str | None, timeout_s: float) -> dict[str, int]:
     """Counts from an explicit index, or from a wids or eigtrain index found in the shards' directories."""
     if shard_index:
-        return read_wids_index(shard_index, timeout_s)
+        return _keyed_by(urls, read_wids_index(shard_index, timeout_s))
     first_of_dir: dict[str, str] = {}
     for url in urls:
         if (directory := _sibling(url, "")) is not None:
@@ -270,7 +270,12 @@ def known_counts(urls: list[str], shard_index: str | None, timeout_s: float) -> 
                 counts.update(reader(_sibling(url, name), min(timeout_s, 10.0)))
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue  # no index there (or not one we read): the scan covers those shards
-    return counts
+    return _keyed_by(urls, counts)
+
+
+def _keyed_by(urls: list[str], counts: dict[str, int]) -> dict[str, int]:
+    """`counts` also under each of `urls` whose entry an index holds without credentials (as eigtrain writes it)."""
+    return {**counts, **{u: counts[redact_url(u)] for u in urls if u not in counts and redact_url(u) in counts}}
 
 
 def _read_eigtrain_counts(location: str, timeout_s: float) -> dict[str, int]:

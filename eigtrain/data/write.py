@@ -184,7 +184,7 @@ def index_main(argv: list[str]) -> None:
     """``eigtrain-shards index PATTERN [out=FILE] [name=NAME]``."""
     from .shards import WIDS_INDEX_NAME, count_samples, expand_shards, local_path, write_wids_index
 
-    if not argv or "=" in argv[0]:
+    if not argv or re.match(r"^[A-Za-z_][\w.]*=", argv[0]):  # key=value, not a pattern (a URL's query has '=')
         raise ValueError("usage: eigtrain-shards index PATTERN [out=FILE] [name=NAME] (PATTERN: brace pattern of shards)")
     args = compose_dataclass(IndexArgs, argv[1:])
     urls = expand_shards(argv[0])
