@@ -281,6 +281,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         raise SystemExit(f"eigtrain-train: cannot write {exn.filename or 'the run'}: {exn.strerror or exn}") from None
     except ValueError as exn:  # found once the data is read (e.g. too few samples for one batch per worker)
         raise SystemExit(f"eigtrain-train: {exn}") from None
+    except CheckpointException as exn:  # torch.distributed.checkpoint's, one per failed rank; a full disk among them
         errors = {f"{type(e).__name__}: {str(e).splitlines()[0]}" for e, _ in exn.failures.values()}
         free = shutil.disk_usage(cfg.run_dir).free
         raise SystemExit(f"eigtrain-train: cannot write a checkpoint in {cfg.run_dir} ({free} bytes free there): "

@@ -107,6 +107,16 @@ def test_costs_follow_the_ring_formulas():
     assert compute["gather"] - costs["gather"] == pytest.approx(2 * 100 * 8)  # every row
 
 
+def test_the_closed_form_of_the_readme_whatever_the_world_size():
+    """Equal batches, 2 d^2 stats, fp32: gather iff the global batch B < 1 / (1/(2d) + 1/(4 flops_per_byte))."""
+    for d, world, fpb, batch in itertools.product((64, 512, 8192), (2, 8, 1024), (10.0, 125.0, 1e3), (2048, 4096)):
+        threshold = 1.0 / (1.0 / (2 * d) + 1.0 / (4 * fpb))
+        for b in (batch, round(threshold * 0.97), round(threshold * 1.03)):
+            local = max(b // world, 2)
+            expected = "gather" if local * world < threshold else "moments"
+            assert choose_reduction(_scl_stats(d), 2 * d, [local] * world, 4, fpb) == expected, (d, world, fpb, b)
+
+
 def test_gather_losing_at_the_smallest_batch_loses_at_any():
     """What lets 'auto' skip the size exchange: gathering only gets dearer with every row on any rank."""
     for d, world, fpb in itertools.product((16, 64, 256, 1024), (2, 3, 8), (10.0, 1e3, 1e5)):
@@ -118,7 +128,7 @@ def test_gather_losing_at_the_smallest_batch_loses_at_any():
 
 def test_the_reduction_is_a_typed_objective_key_with_its_default_and_checked():
     fields = {f.name: f.default for f in objective_schema("rq").__dataclass_fields__.values()}
-    assert fields["reduction"] == "auto" and fields["reduction_flops_per_byte"] == 1000.0
+    assert fields["reduction"] == "auto" and fields["reduction_flops_per_byte"] == 125.0
     with pytest.raises(ValueError, match=r"^reduction='scatter' is unknown; allowed: auto, moments, gather$"):
         build_objective("rq", 8, reduction="scatter")
     with pytest.raises(ValueError, match="reduction_flops_per_byte must be positive"):

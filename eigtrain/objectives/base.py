@@ -30,8 +30,9 @@ class Objective(nn.Module):
     default_pairs = False
     allows_pairs = True
     # Keys every objective takes besides its family's coefficients (and their defaults, also the schema's).
-    # 1e3 flops/byte: an H100's fp32 matmul (~50 TFLOP/s) over a 400 Gb/s NDR link per GPU (benchmarks/scaling.md).
-    options: dict[str, Any] = {"reduction": "auto", "reduction_flops_per_byte": 1000.0}
+    # 125 flops/byte: an H100's IEEE fp32 matmul (~50 TFLOP/s) over NCCL's ~400 GB/s bus bandwidth on NVSwitch or
+    # 8 x 400 Gb/s NDR per node (benchmarks/scaling.md; ~1,000 with one NIC per node).
+    options: dict[str, Any] = {"reduction": "auto", "reduction_flops_per_byte": 125.0}
 
     def __init__(self, dim: int, nesting: Nesting, distributed: bool = True, pairs: bool | None = None,
                  local_batch: int | None = None, **coefficients):
