@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import os
 import re
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -196,13 +197,18 @@ _BRACE_PATTERN = re.compile(r"\{[^{}]*(\.\.|,)[^{}]*\}")  # {000..099} or {a,b}:
 
 
 def check_repeated_keys(overrides: Sequence[str]) -> None:
-    """A key given twice would silently take its last value; a shell that expanded an unquoted brace pattern gives
-    one `key=` per shard, so say how to quote it."""
-    keys = [o.partition("=")[0].lstrip("+~") for o in overrides if "=" in o]
-    repeated = next((k for k in keys if keys.count(k) > 1), None)
-    if repeated is not None:
-        raise ConfigError(f"{repeated} is given {keys.count(repeated)} times (only the last would count); if the shell "
-                          f"expanded a brace pattern, quote it: \"{repeated}='DIR/train-{{000000..000099}}.tar'\"")
+    """A shell that expanded an unquoted brace pattern gives one `key=` per shard, and Hydra would silently keep the
+    last: refuse a key given several times with values that differ only inside (as an expansion's do), and say how
+    to quote the pattern. (A key repeated otherwise, `steps=4 steps=2`, keeps Hydra's last-one-wins.)"""
+    values: dict[str, list[str]] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if sep:
+            values.setdefault(key.lstrip("+~"), []).append(value)
+    for key, given in values.items():
+        if len(set(given)) > 1 and os.path.commonprefix(given) and os.path.commonprefix([v[::-1] for v in given]):
+            raise ConfigError(f"{key} is given {len(given)} times ({', '.join(given[:3])}{', ...' if len(given) > 3 else ''}"
+                              f"): did the shell expand a brace pattern? Quote it: \"{key}='DIR/train-{{000..099}}.tar'\"")
 
 
 def _brace_hint(overrides: Sequence[str]) -> str | None:

@@ -100,8 +100,10 @@ def rr(world: World, *args: str) -> Outcome:
     """eigtrain-rr with the tiny encoder over data.shards (the args' `data.shards=` etc.), in this process."""
     from eigtrain.rr_job import main
 
-    base = [ENCODER, "data.image_size=8", "data.augment=cifar", "num_workers=0", "batch_size=4", "device=cpu",
-            f"data.cache_dir={world.tmp / 'cache'}", "data.io_timeout_s=1"]
+    base = ["num_workers=0", "batch_size=4", "device=cpu"]
+    if not any(a.startswith("run_dir=") for a in args):  # a run brings its encoder and data
+        base += [ENCODER, "data.image_size=8", "data.augment=cifar", f"data.cache_dir={world.tmp / 'cache'}",
+                 "data.io_timeout_s=1"]
     names = {a.partition("=")[0] for a in args}
     argv = [a for a in base if a.partition("=")[0] not in names] + list(args)
     if not any(a.startswith("out=") for a in argv):
@@ -295,6 +297,44 @@ def nan_loss(world):
     return outcome
 
 
+def train_small(world, run_dir, shards, *extra):
+    """A 2-step cpu_debug run on `shards` (12 samples, batches of 6): Hydra's last value wins for `extra`'s keys."""
+    return train(world, "experiment=cpu_debug", f"run_dir={run_dir}", f"data.shards='{shards}'",
+                 "data.image_size=[8,8]", "data.label_key=cls", "logging.wandb.mode=disabled",
+                 "logging.progress=false", "data.num_workers=0", "batch_size=6", "steps=2", "checkpoint_every=1", *extra)
+
+
+def checkpoint_full_disk(world):
+    place = world.tmp / "full"
+    place.mkdir()
+    if not _mount(place, "size=64k"):
+        pytest.skip("no tmpfs to fill (needs root): the full-disk case runs where one can be mounted")
+    try:
+        outcome = train_small(world, place / "run", local(world, "good-{0..1}.tar"))
+        assert not list(place.rglob("COMPLETE")), "a checkpoint that did not fit is marked complete"
+        return outcome
+    finally:
+        subprocess.run(["umount", str(place)])
+
+
+def all_bad_batch(world):
+    """Every sample of one batch unusable (a whole shard of garbage, read as one batch): a counted, skipped step."""
+    world.shard("good-1.tar", [{"__key__": f"x-{i}", "jpg": b"\xff\xd8 garbage", "cls": 0} for i in range(6)])
+    return train_small(world, world.tmp / "run", local(world, "good-{0..1}.tar"), "data.mix_shards=1",
+                       "data.shuffle_block=0", "data.max_corrupt=100", "steps=4")
+
+
+def pipe_in_saved_config(world):
+    """A run trained on a pipe: source (the user typed it); re-reading its saved config must not run the command."""
+    mark = world.tmp / "command-ran"
+    source = f"pipe:touch {mark}; cat {local(world, 'good-{0..1}.tar')}"
+    assert train_small(world, world.tmp / "run", source).code == 0 and mark.exists()
+    mark.unlink()
+    outcome = rr(world, f"run_dir={world.tmp / 'run'}", f"out={world.tmp / 'export'}")
+    assert not mark.exists(), "a command read back from config.yaml ran"
+    return outcome
+
+
 OK = (0, "")
 
 
@@ -339,11 +379,20 @@ CASES = [  # name, set-up and command, (exit code, regex of the one line eigtrai
     case("train-unquoted-brace", train_args("data.shards=/x/a-{000..009}.tar"),
      (1, r"Hydra reads braces as its own syntax; quote the pattern as \"data.shards='/x/a-\{000..009\}.tar'\"")),
     case("train-shell-expanded-brace", train_args("data.shards=/x/a-000.tar", "data.shards=/x/a-001.tar"),
-     (1, r"data.shards is given 2 times \(only the last would count\); if the shell expanded a brace pattern")),
+     (1, r"data.shards is given 2 times \(/x/a-000.tar, /x/a-001.tar\): did the shell expand a brace pattern\? "
+         r"Quote it")),
     case("train-http-404-at-start", lambda w: (w.server.faults.update({"/good-1.tar": ["404"]}), train(
         w, "experiment=cpu_debug", f"run_dir={w.tmp / 'run'}", f"data.shards='{w.server.url('good-{0..1}.tar')}'",
         "data.image_size=[8,8]", "logging.wandb.mode=disabled"))[1],
      (1, r"^eigtrain-train: data error: cannot open shard http://127.0.0.1:\d+/good-1.tar: HTTP 404")),
+    case("too-few-samples-for-a-batch", lambda w: train_small(w, w.tmp / "run", local(w, "good-{0..1}.tar"),
+                                                              "batch_size=64"),
+         (1, r"^eigtrain-train: data.shards .* has 12 samples, fewer than one batch per worker")),
+    case("checkpoint-on-a-full-disk", checkpoint_full_disk,
+         (1, r"eigtrain-train: cannot write a checkpoint in .*full/run \(\d+ bytes free there\)")),
+    case("all-bad-batch-in-training", all_bad_batch, OK),
+    case("pipe-in-a-saved-config", pipe_in_saved_config, (2, r"data.shards in .*config.yaml is a pipe: source, which "
+                                                             r"runs a shell command.*data.allow_pipe=true")),
     case("nan-loss", nan_loss, (1, r"non-finite loss or gradient, more than max_nonfinite_steps=1")),
 ]
 
