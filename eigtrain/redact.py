@@ -2,8 +2,8 @@
 still be told apart) but lose userinfo (`https://user:pass@host`) and query values (`?X-Amz-Signature=...`).
 
 The live config keeps the real values (the run needs them); only what is persisted or printed is redacted:
-config.yaml, wandb's config, the shard-count cache, sweep directory names, the Rayleigh-Ritz manifest and error
-messages naming a shard.
+config.yaml, wandb's config and recorded command line, the shard-count cache, wids shard indexes, sweep directory
+names and Hydra's multirun.yaml, the Rayleigh-Ritz manifest, error messages naming a shard and log lines.
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ _HEADER = re.compile(r"(?P<name>\b(?:Authorization|Proxy-Authorization|Cookie|X-
                      r"\s*:\s*)[^'\"\n]+", re.IGNORECASE)
 _SECRET_ASSIGNMENT = re.compile(r"(?P<name>\b[A-Za-z_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIALS?)"
                                 r"[A-Za-z_0-9]*=)[^\s'\"]+", re.IGNORECASE)
+_USER_OPTION = re.compile(r"(?P<name>(?<!\S)(?:-u|--user|--password|--proxy-user)(?:\s+|=))[^\s'\"]+")  # curl/wget
 
 
 def redact_url(text: str) -> str:
     """`text` (a URL, a brace pattern, a `pipe:` command, or a message naming URLs) without credentials:
-    userinfo and query values become REDACTED; in a `pipe:` command also authorization headers and
-    TOKEN/SECRET/PASSWORD/KEY=... assignments. Text without a URL is returned unchanged."""
+    userinfo and query values become REDACTED; in a `pipe:` command also authorization headers,
+    TOKEN/SECRET/PASSWORD/KEY=... assignments and `-u`/`--user`/`--password` values. Text without a URL is
+    returned unchanged."""
     if not isinstance(text, str) or ":" not in text:
         return text
     out = _USERINFO.sub(lambda m: f"{m['scheme']}{MASK}@", text)
@@ -42,6 +44,7 @@ def redact_url(text: str) -> str:
     if "pipe:" in out:
         out = _HEADER.sub(lambda m: f"{m['name']}{MASK}", out)
         out = _SECRET_ASSIGNMENT.sub(lambda m: f"{m['name']}{MASK}", out)
+        out = _USER_OPTION.sub(lambda m: f"{m['name']}{MASK}", out)
     return out
 
 

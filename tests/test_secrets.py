@@ -31,6 +31,8 @@ TOKEN = "s3cr3tT0ken42"
      f"pipe:curl -s -H 'Authorization: {MASK}' 'https://h/x.tar?token={MASK}'"),
     ("pipe:AWS_SECRET_ACCESS_KEY=s3cr3tT0ken42 aws s3 cp s3://b/x.tar -",
      f"pipe:AWS_SECRET_ACCESS_KEY={MASK} aws s3 cp s3://b/x.tar -"),
+    ("pipe:curl -s -u me:s3cr3tT0ken42 https://h/x.tar", f"pipe:curl -s -u {MASK} https://h/x.tar"),
+    ("pipe:wget -qO- --password=s3cr3tT0ken42 https://h/x.tar", f"pipe:wget -qO- --password={MASK} https://h/x.tar"),
     ("file:///data/x.tar?s3cr3tT0ken42", f"file:///data/x.tar?{MASK}"),
     ("cannot open shard https://h/x.tar?sig=s3cr3tT0ken42: HTTP 403 Forbidden",
      f"cannot open shard https://h/x.tar?sig={MASK}: HTTP 403 Forbidden"),
