@@ -77,8 +77,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     micro_batch, accum = validate(cfg, env.world_size)  # before any expensive work
     nest, coefficients = cfg.nesting, {k: v for k, v in cfg.objective.items() if k != "name"}
     objective = build_objective(cfg.objective.name, cfg.dim, nesting=nest.mode, prefixes=nest.prefixes,
-                                weights=nest.weights, pairs=cfg.data.mode == "pairs", local_batch=micro_batch,
-                                **coefficients)
+                                weights=nest.weights, pairs=cfg.data.mode == "pairs",
+                                local_batch=micro_batch * accum, **coefficients)  # what one call sees per rank
     threads, had_group = torch.get_num_threads(), torch.distributed.is_initialized()
     torch.set_num_threads(cfg.cpu_threads or threads)
     device = dist.select_device(env, cfg.device)  # the one place that binds this rank's GPU
