@@ -126,7 +126,8 @@ def test_hue_jitter_whole_images_and_save_on_signal_add_no_host_sync(counted_syn
     assert all(len(calls) <= 1 for calls in per_step.values()), per_step
 
 
-def test_ranks_agree_on_a_stop_signal_at_the_next_check(digits_root, tmp_path, one_rank_group, monkeypatch):  # noqa: F811
+def test_ranks_agree_on_a_stop_signal_at_the_next_check(digits_root, tmp_path, one_rank_group,  # noqa: F811
+                                                         monkeypatch):
     """In a process group the stop flag is all-reduced every signal_check_every steps: a signal during step 3
     with checks every 4 steps saves at step 4 and stops there."""
     from tests.test_train_e2e import faulty_objectives
