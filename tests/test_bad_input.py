@@ -7,6 +7,7 @@ finished work is lost (the user's files are hashed before and after). README.md'
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -252,17 +253,24 @@ def out_read_only(world):
 
 
 def out_full_disk(world):
+    with small_disk(world, "16k") as place:
+        (place / "filler").write_bytes(b"\0" * 12 * 1024)
+        outcome = rr(world, f"data.shards={local(world, 'good-{0..1}.tar')}", f"out={place / 'export'}")
+        assert [p.name for p in place.iterdir()] == ["filler"]  # no half-written export left behind
+        return outcome
+
+
+@contextlib.contextmanager
+def small_disk(world, size: str):
+    """A tmpfs of `size` (a disk that fills up), mounted for the case; skipped where none can be mounted."""
     place = world.tmp / "full"
     place.mkdir()
-    if not _mount(place, "size=16k"):
-        pytest.skip("no tmpfs to fill (needs root): the full-disk case runs where one can be mounted")
+    if not _mount(place, f"size={size}"):
+        pytest.skip("no tmpfs to fill (needs root): the full-disk cases run where one can be mounted")
     try:
-        (place / "filler").write_bytes(b"\0" * 12 * 1024)
-        return rr(world, f"data.shards={local(world, 'good-{0..1}.tar')}", f"out={place / 'export'}")
+        yield place
     finally:
-        leftovers = [p.name for p in place.iterdir()]
         subprocess.run(["umount", str(place)])
-        assert leftovers == ["filler"], leftovers  # no half-written export left behind
 
 
 def _mount(place: Path, options: str) -> bool:
@@ -305,16 +313,10 @@ def train_small(world, run_dir, shards, *extra):
 
 
 def checkpoint_full_disk(world):
-    place = world.tmp / "full"
-    place.mkdir()
-    if not _mount(place, "size=64k"):
-        pytest.skip("no tmpfs to fill (needs root): the full-disk case runs where one can be mounted")
-    try:
+    with small_disk(world, "64k") as place:
         outcome = train_small(world, place / "run", local(world, "good-{0..1}.tar"))
         assert not list(place.rglob("COMPLETE")), "a checkpoint that did not fit is marked complete"
         return outcome
-    finally:
-        subprocess.run(["umount", str(place)])
 
 
 def all_bad_batch(world):
