@@ -144,7 +144,8 @@ def prepare_data(data, rank: int, cache_dir: Path | None = None, barrier: Callab
     index = read_index(root)
     meta, size = index.meta, data.view_size or data.image_size or index.meta["image_shape"][1:]
     size = (size, size) if isinstance(size, int) else size
-    x_shape = (int(meta.get("channels", meta["image_shape"][0])), *map(int, size))
+    # image-folder shards have no fixed image_shape (null), only channels
+    x_shape = (int(meta["channels"] if "channels" in meta else meta["image_shape"][0]), *map(int, size))
     if data.mode == "views":
         return x_shape, None
     return x_shape, (tuple(meta["a_shape"]) if meta.get("a_kind") == "vector" else x_shape)
