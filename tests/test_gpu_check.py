@@ -137,3 +137,15 @@ def test_every_step_body_the_gpu_steps_name_exists():
     steps = gpu_check.cuda_steps("python", Path("runs"), Path("logs")) + gpu_check.cpu_steps("python", Path("r"), Path("l"))
     bodies = {s.argv[s.argv.index("--impl") + 1] for s in steps if "--impl" in s.argv}
     assert bodies == set(gpu_check_steps.IMPLS), bodies
+
+
+def test_image_folder_shards_of_any_size_feed_the_trainer_at_a_fixed_image_size(tmp_path):
+    """Step (c)'s data: PNG shards from an image folder (no fixed image_shape in the index) with data.image_size."""
+    from bench_gpu import write_image_shards
+
+    from eigtrain.data.from_config import prepare_data
+    from eigtrain.train import compose_config
+
+    root = write_image_shards(tmp_path, 12, 8, "png")
+    cfg = compose_config(["experiment=cpu_debug", f"data.root={root}", "data.image_size=[8,8]", "data.image_fit=whole"])
+    assert prepare_data(cfg.data, rank=0) == ((3, 8, 8), None)

@@ -221,9 +221,9 @@ def bench_case(model: str, size: int, batch: int, modes: list[str], shards: dict
         return (b["image"] for b in stream)
 
     resident = None
-    for mode in modes:
-        if report.over_budget(f"{model}@{size} {mode}"):
-            continue
+
+    def measure(mode: str) -> None:
+        nonlocal resident
         if mode in ("synthetic", "ddp") and resident is None:
             batches = loader("jpeg")
             resident = next(batches).to(device)  # the same batch every step, already on the device
@@ -240,7 +240,7 @@ def bench_case(model: str, size: int, batch: int, modes: list[str], shards: dict
                    trainer_flops, data_bound_share=None)
             del batches
             synthetic = case["modes"].get("synthetic")
-            if synthetic:
+            if synthetic and "seconds_per_step" in synthetic:
                 mine = case["modes"][mode]
                 mine["data_bound_share"] = max(0.0, 1.0 - synthetic["seconds_per_step"] / mine["seconds_per_step"])
         elif mode == "ddp":
@@ -250,11 +250,24 @@ def bench_case(model: str, size: int, batch: int, modes: list[str], shards: dict
             bare = engine.train_module
             engine.train_module = DistributedDataParallel(engine.model, device_ids=[device.index] if device.type == "cuda"
                                                           else None)
-            s = seconds_per_step(trainer_step(engine, loss_fn, views, iter(lambda: resident, None), device),
-                                 steps, warmup, device)
-            engine.train_module = bare
-            synthetic = case["modes"].get("synthetic")
-            record(mode, s, trainer_flops, vs_bare=synthetic["seconds_per_step"] / s if synthetic else None)
+            try:
+                s = seconds_per_step(trainer_step(engine, loss_fn, views, iter(lambda: resident, None), device),
+                                     steps, warmup, device)
+            finally:
+                engine.train_module = bare
+            synthetic = case["modes"].get("synthetic", {}).get("seconds_per_step")
+            record(mode, s, trainer_flops, vs_bare=synthetic / s if synthetic else None)
+
+    for mode in modes:
+        if report.over_budget(f"{model}@{size} {mode}"):
+            continue
+        try:
+            measure(mode)
+        except Exception as e:  # one broken path must not cost the other figures: recorded, the run goes on
+            case["modes"][mode] = {"error": f"{type(e).__name__}: {e}"[:400]}
+            report.data["errors"] = report.data.get("errors", 0) + 1
+            report.write()
+            print(f"bench_gpu: {model}@{size} b{batch} {mode}: FAILED {type(e).__name__}: {e}", flush=True)
 
 
 def main() -> None:
@@ -299,10 +312,19 @@ def main() -> None:
 
         for model, size, batch in cases:
             shards = {fmt: (lambda fmt=fmt, size=size: shards_of(fmt, size)) for fmt in ("jpeg", "png")}
-            bench_case(model, size, batch, modes, shards, device, steps, warmup, args.compile,
-                       head["peak_bf16_tflops"], workers, report)
+            try:
+                bench_case(model, size, batch, modes, shards, device, steps, warmup, args.compile,
+                           head["peak_bf16_tflops"], workers, report)
+            except Exception as e:  # e.g. the model does not fit: the next case still runs
+                report.data["results"].append({"model": model, "image_size": size, "batch": batch, "modes": {},
+                                               "error": f"{type(e).__name__}: {e}"[:400]})
+                report.data["errors"] = report.data.get("errors", 0) + 1
+                report.write()
+                print(f"bench_gpu: {model}@{size} b{batch}: FAILED {type(e).__name__}: {e}", flush=True)
     report.write()
     print(json.dumps(report.data, indent=1))
+    if report.data.get("errors"):
+        raise SystemExit(f"bench_gpu: {report.data['errors']} measurements failed (their errors are in the JSON)")
 
 
 if __name__ == "__main__":

@@ -94,6 +94,8 @@ def cpu_steps(py: str, runs: Path, logs: Path) -> list[Step]:
         Step("cpu_stop_resume_bitwise", 0, 300, "stop + resume on the CPU, bit for bit (exact accumulation)",
              [*me, "--impl", "resume", str(runs), "cpu", "fp32", "0"]),
         Step("cpu_rr", 0, 300, "eigtrain-rr on the resumed run", [*me, "--impl", "rr_eval", str(runs), "--cpu"]),
+        Step("cpu_host_syncs_plumbing", 0, 300, "step (c)'s run on the CPU: PNG shards, cifar preset, image_fit=whole",
+             [*me, "--impl", "host_syncs", str(runs), "cpu"]),
         Step("cpu_bench_dry_run", 0, 300, "bench_gpu.py --dry-run (every mode, tiny, CPU)",
              [py, str(REPO / "tools" / "bench_gpu.py"), "--dry-run", "--out", str(logs / "cpu_bench_dry_run.json")]),
     ]
@@ -197,6 +199,10 @@ def bench_lines(figures: dict) -> list[str]:
             best = max((m.get("images_per_s") or 0 for k, m in modes.items() if k != "reference"), default=0)
             ok = best >= TARGETS["resnet50_224_images_per_s"]
             lines.append(f"- target ResNet-50 224 px >= 2,500 images/s on one H100: {fmt(best)} {'MET' if ok else 'NOT MET'}")
+    for case in figures.get("results", []):
+        errors = [("", case["error"])] if case.get("error") else []
+        errors += [(f" {mode}", m["error"]) for mode, m in case.get("modes", {}).items() if m.get("error")]
+        lines += [f"- FAILED {case['model']}@{case['image_size']}{where}: {error}" for where, error in errors]
     for name in figures.get("skipped", []):
         lines.append(f"- not measured (time budget): {name}")
     return lines
@@ -233,12 +239,23 @@ def write_report(out: Path, report: dict) -> None:
     (out / "REPORT.md").write_text("\n".join(lines))
 
 
+def copy_report(out: Path, dest: Path | None) -> None:
+    if dest is None:
+        return
+    (dest / "logs").mkdir(parents=True, exist_ok=True)
+    for path in [out / n for n in ("REPORT.md", "report.json", "summary.txt")] + sorted((out / "logs").glob("*")):
+        if path.is_file():
+            shutil.copy2(path, dest / path.relative_to(out))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="list the steps with their time boxes, then the "
                         "CPU dry run of the plumbing (never the GPU)")
     parser.add_argument("--part", type=int, choices=(1, 2), default=None, help="only this part (each <= 10 min)")
     parser.add_argument("--steps", default=None, help="only these steps (comma separated names)")
+    parser.add_argument("--copy-to", type=Path, default=None, help="after every step, copy the report and the logs "
+                        "here too (e.g. the folder a remote run sends back); runs and installs stay in OUT_DIR")
     parser.add_argument("--impl", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.impl:
@@ -304,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             for line in result.get("tail", []):
                 print(f"  [{step.name}] {line}")
         write_report(out, report)
+        copy_report(out, args.copy_to)
     write_report(out, report)
     if out.resolve() != (REPO / "benchmarks" / "gpu").resolve() and gpus and not args.dry_run:
         dest = REPO / "benchmarks" / "gpu"
@@ -313,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     ran = [report["steps"][s.name]["status"] for s in steps] + [done["status"]]
     ok = all(s == "PASS" for s in ran)
     (out / "summary.txt").write_text("".join(f"{report['steps'][n]['status']} {n}\n" for n in report["steps"]))
+    copy_report(out, args.copy_to)
     if not gpus or args.dry_run:
         print(f"gpu_check: CPU dry run {'OK' if ok else 'FAILED'} (no GPU: nothing measured); report {out / 'REPORT.md'}")
         return 0 if ok else 1

@@ -54,37 +54,44 @@ def resume(runs: str, device: str, precision: str, rtol: str) -> int:
     return 0 if ok else 1
 
 
-def host_syncs(runs: str) -> int:
+def host_syncs(runs: str, device: str = "cuda") -> int:
     """Host synchronisations per step under CUDA sync-debug mode, with hue jitter and image_fit=whole on PNG shards.
 
-    Steps 2..20 neither log nor save (step 1 warms up, step 21 logs and saves): at most 1 sync each."""
+    Steps 2..20 neither log nor save (step 1 warms up, step 21 logs and saves): at most 1 sync each. On the CPU
+    (the dry run): the same run, 5 steps of the tiny CNN, nothing counted (the plumbing only)."""
     import torch
 
     from bench_gpu import write_image_shards
     from eigtrain.metrics_log import Throughput
     from eigtrain.train import compose_config, run
 
-    root = write_image_shards(Path(runs) / "png40", 40, 256, "png")
-    steps = 21
-    cfg = compose_config(["experiment=cpu_debug", "device=cuda", *RESNET, *QUIET, f"data.root={root}",
-                          "data.write_if_missing=null", "data.augment=cifar", "data.image_size=[32,32]",
-                          "data.image_fit=whole", "data.mean=[0.5,0.5,0.5]", "data.std=[0.25,0.25,0.25]",
-                          f"run_dir={runs}/syncs", f"steps={steps}", f"log_every={steps}", f"checkpoint_every={steps}"])
+    cuda = device == "cuda"
+    root = write_image_shards(Path(runs) / "png40", 40, 256 if cuda else 64, "png")
+    steps = 21 if cuda else 5
+    cfg = compose_config(["experiment=cpu_debug", f"device={device}", *(RESNET if cuda else []), *QUIET,
+                          f"data.root={root}", "data.write_if_missing=null", "data.augment=cifar",
+                          "data.image_size=[32,32]", "data.image_fit=whole", "data.mean=[0.5,0.5,0.5]",
+                          "data.std=[0.25,0.25,0.25]", f"run_dir={runs}/syncs_{device}", f"steps={steps}",
+                          f"log_every={steps}", f"checkpoint_every={steps}"])
     marks: list[int] = []
     caught: list = []
     add = Throughput.add
     Throughput.add = lambda self, *a: (marks.append(len(caught)), add(self, *a))[1]
-    torch.cuda.set_sync_debug_mode("warn")
+    if cuda:
+        torch.cuda.set_sync_debug_mode("warn")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run(cfg)
-    torch.cuda.set_sync_debug_mode("default")
+    if cuda:
+        torch.cuda.set_sync_debug_mode("default")
     marks.append(len(caught))
     per_step = [b - a for a, b in zip(marks, marks[1:])]  # per_step[i]: step i + 1
     sources = sorted({f"{w.filename}:{w.lineno}" for w in caught[marks[1]:marks[-2]]})
     worst = max(per_step[1:steps - 1], default=None)
-    figures(syncs_per_step=per_step, max_in_steps_2_to_20=worst, sync_sources=sources[:20])
+    figures(syncs_per_step=per_step, max_in_steps_2_to_20=worst, sync_sources=sources[:20], device=device)
     print("synchronising calls per step:", per_step, "\nfrom:", *sources[:20], sep="\n  ")
+    if not cuda:
+        return 0 if len(per_step) == steps else 1
     return 0 if worst is not None and worst <= 1 else 1
 
 
