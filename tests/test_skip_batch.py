@@ -74,13 +74,14 @@ def test_past_max_corrupt_the_run_stops_with_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_ranks_skip_the_step_where_only_one_rank_got_the_bad_batch(tmp_path):
+@pytest.mark.parametrize("engine", ["ddp", "deepspeed"])
+def test_two_ranks_skip_the_step_where_only_one_rank_got_the_bad_batch(tmp_path, engine):
     from tests.test_train_distributed import check, torchrun
 
     root = write_data(tmp_path / "data", shards=4)  # 2 shards per rank: the corrupt one goes to one rank only
     run_dir = tmp_path / "run"
-    check(torchrun(tmp_path, ["-m", "eigtrain.train"], *overrides(run_dir, root, f"data.max_corrupt={SHARD}", world=2),
-                   timeout=240))
+    args = overrides(run_dir, root, f"data.max_corrupt={SHARD}", f"engine={engine}", world=2)
+    check(torchrun(tmp_path, ["-m", "eigtrain.train"], *args, timeout=240))
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [1, 2]
     assert records[-1]["skipped_batches"] == 1 and records[-1]["skipped_steps"] == 0
