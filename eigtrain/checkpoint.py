@@ -10,6 +10,7 @@ Discovery ignores directories without the marker, so a save killed half-way is n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -79,7 +80,9 @@ def fsync_tree(path: Path) -> None:
         if p.is_dir():
             dirs.append(p)
         elif p.is_file():
-            _fsync_path(p)
+            # Another rank's temporary file may be renamed meanwhile: its writer syncs the file it became.
+            with contextlib.suppress(FileNotFoundError):
+                _fsync_path(p)
     for d in reversed(dirs):
         _fsync_path(d)
 
