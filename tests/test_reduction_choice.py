@@ -3,6 +3,7 @@ same loss and gradients (two gloo processes, ragged batches included), and the r
 
 import itertools
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,6 +135,22 @@ def test_the_reduction_is_a_typed_objective_key_with_its_default_and_checked():
     with pytest.raises(ValueError, match="reduction_flops_per_byte must be positive"):
         build_objective("scl", 8, reduction_flops_per_byte=0)
     assert build_objective("vicreg", 8).reduction == "auto"
+
+
+def test_every_objective_config_takes_the_reduction_keys_without_a_plus():
+    from omegaconf import OmegaConf
+
+    from eigtrain.config_check import validate
+    from eigtrain.objectives import OBJECTIVES, Objective
+    from eigtrain.train import compose_config
+
+    configs = Path(__file__).resolve().parents[1] / "configs" / "objective"
+    for name in OBJECTIVES:  # the files say what the class defaults are
+        written = OmegaConf.load(configs / f"{name}.yaml")
+        assert {k: written[k] for k in Objective.options} == Objective.options, name
+    cfg = compose_config(["objective=rq", "objective.reduction=gather", "objective.reduction_flops_per_byte=1e3"])
+    validate(cfg, world_size=2)
+    assert (cfg.objective.reduction, cfg.objective.reduction_flops_per_byte) == ("gather", 1e3)
 
 
 def test_one_process_takes_no_collective():
