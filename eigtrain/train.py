@@ -32,7 +32,7 @@ from eigtrain.metrics_log import MetricsLog, Progress, Throughput, stable_run_id
 from eigtrain.models import build_encoder, use_sync_batch_norm
 from eigtrain.monitor import build_monitor
 from eigtrain.objectives import build_objective
-from eigtrain.redact import redact_config, redact_logs, redact_yaml_file
+from eigtrain.redact import redact_config, redact_logs, redact_url, redact_yaml_file
 from eigtrain.skipped_batches import agreed_count, rows, stand_in
 from eigtrain.output_dirs import claim_run_dir
 
@@ -294,8 +294,13 @@ def main() -> None:
     try:  # before Hydra runs: a config error is one line naming the key, not a traceback
         check_hydra_command_line(sys.argv[1:], _check_point)
     except (ConfigError, ValueError) as exn:
-        raise SystemExit(f"eigtrain-train: config error: {exn}") from None
-    _hydra_main()
+        raise SystemExit(redact_url(f"eigtrain-train: config error: {exn}")) from None
+    try:
+        _hydra_main()
+    except SystemExit as exn:  # every one-line error, whichever component raised it: no credential in it
+        if isinstance(exn.code, str):
+            raise SystemExit(redact_url(exn.code)) from None
+        raise
 
 
 if __name__ == "__main__":

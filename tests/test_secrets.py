@@ -138,3 +138,27 @@ def test_a_shard_index_of_signed_urls_stores_none_and_still_serves_their_counts(
     shards_main(["index", pattern, f"out={tmp_path / 'index.json'}"])
     assert TOKEN not in (tmp_path / "index.json").read_text()
     assert shard_counts(expand_shards(pattern), shard_index=str(tmp_path / "index.json")) == [3, 3]
+
+
+def test_a_one_line_error_of_eigtrain_train_carries_no_credential(tmp_path):
+    import webdataset as wds
+
+    (tmp_path / "store").mkdir()
+    for shard in range(2):  # every image unreadable: past data.max_corrupt=0 at once, an error naming the shard
+        with wds.TarWriter(str(tmp_path / "store" / f"bad-{shard:06d}.tar")) as sink:
+            for i in range(40):
+                sink.write({"__key__": f"s{shard}-{i}", "jpg": b"not a jpeg", "cls": 0})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(
+        http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "store")))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    shards = f"http://127.0.0.1:{server.server_address[1]}/bad-{{000000..000001}}.tar?X-Amz-Signature={TOKEN}"
+    try:
+        out = subprocess.run([sys.executable, "-m", "eigtrain.train", "experiment=cpu_debug", f"run_dir={tmp_path / 'r'}",
+                              f"data.shards='{shards}'", "data.image_size=[8,8]", "data.max_corrupt=0", "data.num_workers=0",
+                              "batch_size=16", "logging.wandb.mode=disabled"],
+                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.returncode != 0 and "bad-00000" in out.stderr, out.stderr[-2000:]
+    assert TOKEN not in out.stdout + out.stderr
