@@ -15,6 +15,8 @@ from eigtrain.objectives import build_objective
 from eigtrain.objectives.moments import choose_reduction, reduction_costs
 from eigtrain.schema import objective_schema
 from tests.test_objectives_distributed import CASES, DIM, WORLD, _data, _free_port, _model, _Pair
+from tests.test_train_distributed import check, torchrun
+from tests.test_train_support import digits_root, losses, overrides  # noqa: F401
 
 # Per-rank batches: equal, and ragged (a short last batch; even, as split-batch objectives need).
 SIZES = {"equal": [8, 8], "ragged": [8, 6]}
@@ -151,6 +153,21 @@ def test_every_objective_config_takes_the_reduction_keys_without_a_plus():
     cfg = compose_config(["objective=rq", "objective.reduction=gather", "objective.reduction_flops_per_byte=1e3"])
     validate(cfg, world_size=2)
     assert (cfg.objective.reduction, cfg.objective.reduction_flops_per_byte) == ("gather", 1e3)
+
+
+@pytest.mark.slow
+def test_two_rank_training_is_the_same_through_either_route(digits_root, tmp_path):  # noqa: F811
+    """The trainer's path (DDP, engine, skip bookkeeping) with the features gathered: the losses of 4 fp32 steps
+    match those with the moments all-reduced (the sums are only added in another order)."""
+    runs = {}
+    for route in ("moments", "gather"):
+        run_dir = tmp_path / route
+        check(torchrun(tmp_path, ["-m", "eigtrain.train"], *overrides(run_dir, digits_root, "steps=4",
+                       "checkpoint_every=4", "objective=rq", f"objective.reduction={route}")))
+        runs[route] = losses(run_dir)
+    assert [s for s, _ in runs["gather"]] == [s for s, _ in runs["moments"]] == [1, 2, 3, 4]
+    for (_, gathered), (_, reduced) in zip(runs["gather"], runs["moments"]):
+        assert gathered == pytest.approx(reduced, rel=1e-4, abs=1e-5)
 
 
 def test_one_process_takes_no_collective():
