@@ -123,8 +123,9 @@ class Objective(nn.Module):
         if world == 1 or self.reduction == "moments":
             return "moments", None
         numel, width, size = sum(v.numel() for v in stats.values()), 2 * f.shape[1], f.element_size()
-        # Gathering costs more with every row, so if it loses at the expected (or smallest) batch on every
-        # rank, it loses at any: no size exchange then. Sizes are exchanged only where gather may win.
+        # Gathering costs more with every row: if it loses at the expected batch on every rank (without a hint,
+        # the smallest, 2), no size exchange; a short (ragged) batch then keeps the moments route, just as exact.
+        # Sizes are exchanged, and the exact ones decide, only where gathering may win.
         if self.reduction == "auto":
             expected = [self.local_batch or 2] * world
             if choose_reduction(numel, width, expected, size, self.flops_per_byte) == "moments":
