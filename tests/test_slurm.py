@@ -91,6 +91,22 @@ def test_a_request_no_node_can_hold_is_refused_before_submission(slurm_cluster, 
         submit(launcher(tmp_path / "slurm", partition="nope"), all_reduce_job, str(tmp_path))
 
 
+def test_the_issues_two_task_job_on_a_small_node_is_one_line_from_eigtrain_train(slurm_cluster, tmp_path, monkeypatch):
+    """launcher=slurm launcher.tasks_per_node=2 with the default cpus_per_task (data.num_workers + 1): more CPUs than
+    the node has -> eigtrain-train ends with one config-error line, and nothing is submitted."""
+    from eigtrain.train import main
+
+    workers = node_cpus() - 1  # cpus_per_task = workers + 1 = the node's CPUs; 2 tasks need twice that
+    monkeypatch.setattr(sys, "argv", ["eigtrain-train", "experiment=cpu_debug", "launcher=slurm", "launcher.wait=true",
+                                      "launcher.tasks_per_node=2", f"data.num_workers={workers}",
+                                      f"run_dir={tmp_path / 'run'}"])
+    with pytest.raises(SystemExit) as ended:
+        main()
+    assert re.fullmatch(r"eigtrain-train: config error: this Slurm job could never start: it asks 1 node\(s\) of 2 "
+                        r"task\(s\) x \d+ CPU\(s\) = \d+ CPUs.*", str(ended.value.code)), ended.value.code
+    assert not list(tmp_path.rglob("*_submission.sh"))
+
+
 def test_waiting_on_a_job_that_can_never_start_ends_with_one_line(slurm_cluster, tmp_path):
     from eigtrain.launch.slurm import RequeueableCall, make_executor, slurm_state
 
