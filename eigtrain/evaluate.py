@@ -495,6 +495,8 @@ def evaluate(cfg) -> tuple[dict, dict]:
 
     if bool(cfg.run_dir) == bool(cfg.features):
         raise ValueError("give exactly one of run_dir= or features=")
+    if cfg.out:  # before any work (write_report checks again): never write into a directory of someone else's
+        check_output_dir(cfg.out, EVAL_ENTRIES, "out")
     device = str(select_device(resolve_env(), cfg.device))  # this task's GPU, bound as the trainer binds it
     if cfg.features:
         train_z, train_y, test_z, test_y = _load_features(cfg.features)

@@ -221,3 +221,14 @@ def test_a_slurm_log_folder_inside_the_run_dir_is_eigtrains(tmp_path):
     assert claim_run_dir(tmp_path / "run", str(tmp_path / "run" / "logs")) == ""
     (tmp_path / "other" / "logs").mkdir(parents=True)
     assert "logs" in claim_run_dir(tmp_path / "other")  # without that launcher folder: not eigtrain's
+
+
+def test_eval_refuses_a_foreign_out_before_any_work(tmp_path, capsys):
+    from eigtrain.evaluate import main as eval_main
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "paper.pdf").write_bytes(b"%PDF")
+    # the features file does not even exist: the refusal comes first, before anything is read or computed
+    assert eval_main([f"features={tmp_path / 'missing.npz'}", f"out={tmp_path / 'out'}"]) == 2
+    one_line_error(capsys, "paper.pdf", "refusing")
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["paper.pdf"]
