@@ -366,7 +366,8 @@ CASES = [  # name, set-up and command, (exit code, regex of the one line eigtrai
     case("png-palette", bad_sample(jpg=None, png=png("P")), OK),
     case("no-image-member", bad_sample(jpg=None, txt="a caption"),
      (2, r"key b1-03: KeyError: .no image member .*the sample has \['cls', 'txt'\]")),
-    case("wrong-label-type", bad_sample(cls="seven"), (2, r"key b1-03: ValueError: invalid literal for int\(\) .*'seven'")),
+    case("wrong-label-type", bad_sample(cls="seven"), (2, r"key b1-03: ValueError: label data.label_key=cls is 'seven', "
+                                                        r"not an integer")),
     case("all-bad-shard", all_bad, (2, r"4 unusable samples .*more than max_corrupt=3; the last: shard .*good-1.tar")),
     case("url-with-token", token_url, OK),
     case("out-an-existing-run-dir", out_existing_run_dir, (2, r"my-run")),

@@ -96,9 +96,13 @@ def read_label(sample: dict, label_key: str) -> int:
             if not isinstance(value, dict) or part not in value:
                 raise KeyError(f"no field {label_key[5:]!r} in the json member")
             value = value[part]
+    else:
+        _, raw = member(sample, (label_key,), "label")
+        value = raw.decode(errors="replace").strip() if isinstance(raw, bytes) else raw
+    try:
         return int(value)
-    _, raw = member(sample, (label_key,), "label")
-    return int(raw.decode().strip() if isinstance(raw, bytes) else raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"label data.label_key={label_key} is {str(value)[:40]!r}, not an integer") from None
 
 
 def resize_crop(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
