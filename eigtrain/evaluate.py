@@ -33,6 +33,7 @@ from .dist import resolve_env, select_device
 from .objectives.nesting import mrl_prefixes
 from .rayleigh_ritz import spectral_k_report
 from .output_dirs import EVAL_ENTRIES, check_output_dir
+from .redact import redact_url
 
 F32 = torch.float32
 
@@ -553,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = compose_dataclass(EvalConfig, args)
         report, paths = evaluate(cfg)
     except (ValueError, OSError, RuntimeError) as error:  # OSError: unreadable shards; RuntimeError: max_corrupt
-        print(f"eigtrain-eval: {error}", file=sys.stderr)
+        print(redact_url(f"eigtrain-eval: {error}"), file=sys.stderr)  # e.g. a corrupt sample's signed shard URL
         return 2
     print(paths["markdown"].read_text())
     print("\n".join(f"{name}: {path}" for name, path in paths.items()))

@@ -31,6 +31,7 @@ from .cli import compose_dataclass
 from .data.augment import PRESETS
 from .export import check_export_target, file_sha256, files_sha256, rr_manifest, save_export
 from .rayleigh_ritz import MODES, TRIVIAL, RRAccumulator, solve
+from .redact import redact_url
 
 
 @dataclass
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse_args(sys.argv[1:] if argv is None else argv)
         run(cfg)
     except (ValueError, OSError, RuntimeError) as error:  # OSError: missing files, unreadable shards
-        print(f"eigtrain-rr: {error}", file=sys.stderr)
+        print(redact_url(f"eigtrain-rr: {error}"), file=sys.stderr)  # e.g. a corrupt sample's signed shard URL
         return 2
     finally:
         edist.destroy()

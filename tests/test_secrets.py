@@ -140,25 +140,40 @@ def test_a_shard_index_of_signed_urls_stores_none_and_still_serves_their_counts(
     assert shard_counts(expand_shards(pattern), shard_index=str(tmp_path / "index.json")) == [3, 3]
 
 
-def test_a_one_line_error_of_eigtrain_train_carries_no_credential(tmp_path):
+@pytest.fixture
+def corrupt_signed_shards(tmp_path):
+    """A signed brace pattern of two shards served on 127.0.0.1 whose every image is unreadable: past
+    data.max_corrupt=0 at once, an error naming the shard (URL) and the sample."""
     import webdataset as wds
 
+    from tests.test_data_foreign import QuietHandler  # the server's own request log would print the token
+
     (tmp_path / "store").mkdir()
-    for shard in range(2):  # every image unreadable: past data.max_corrupt=0 at once, an error naming the shard
+    for shard in range(2):
         with wds.TarWriter(str(tmp_path / "store" / f"bad-{shard:06d}.tar")) as sink:
             for i in range(40):
                 sink.write({"__key__": f"s{shard}-{i}", "jpg": b"not a jpeg", "cls": 0})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(
-        http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "store")))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler,
+                                                                                directory=str(tmp_path / "store")))
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    shards = f"http://127.0.0.1:{server.server_address[1]}/bad-{{000000..000001}}.tar?X-Amz-Signature={TOKEN}"
-    try:
-        out = subprocess.run([sys.executable, "-m", "eigtrain.train", "experiment=cpu_debug", f"run_dir={tmp_path / 'r'}",
-                              f"data.shards='{shards}'", "data.image_size=[8,8]", "data.max_corrupt=0", "data.num_workers=0",
-                              "batch_size=16", "logging.wandb.mode=disabled"],
-                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    finally:
-        server.shutdown()
-        server.server_close()
+    yield f"http://127.0.0.1:{server.server_address[1]}/bad-{{000000..000001}}.tar?X-Amz-Signature={TOKEN}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_one_line_error_of_eigtrain_train_carries_no_credential(corrupt_signed_shards, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "eigtrain.train", "experiment=cpu_debug", f"run_dir={tmp_path / 'r'}",
+                          f"data.shards='{corrupt_signed_shards}'", "data.image_size=[8,8]", "data.max_corrupt=0",
+                          "data.num_workers=0", "batch_size=16", "logging.wandb.mode=disabled"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode != 0 and "bad-00000" in out.stderr, out.stderr[-2000:]
     assert TOKEN not in out.stdout + out.stderr
+
+
+def test_eigtrain_rr_errors_carry_no_credential(corrupt_signed_shards, tmp_path, capsys):
+    from eigtrain.rr_job import main as rr_main
+
+    assert rr_main(["encoder=timm:resnet18", f"data.shards={corrupt_signed_shards}", "data.image_size=16",
+                    "num_workers=0", "batch_size=16", f"out={tmp_path / 'rr'}"]) == 2
+    err = capsys.readouterr().err
+    assert "bad-00000" in err and TOKEN not in err, err
