@@ -126,6 +126,13 @@ print(json.dumps(v))
 """
 
 
+def kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:  # already gone
+        pass
+
+
 def run_step(step: Step, env: dict, logs: Path, cwd: Path) -> dict:
     log = logs / f"{step.name}.log"
     t0 = time.monotonic()
@@ -139,11 +146,11 @@ def run_step(step: Step, env: dict, logs: Path, cwd: Path) -> dict:
             code = proc.wait(timeout=step.box_s)
             status = "PASS" if code == 0 else "FAIL"
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 15)  # the step's own process group (torchrun's children included)
+            kill_group(proc, 15)  # the step's own process group (torchrun's children included)
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
+                kill_group(proc, 9)
                 proc.wait()
             status = "TIMEOUT"
     result = {"status": status, "seconds": round(time.monotonic() - t0, 1), "box_s": step.box_s, "part": step.part,
@@ -209,7 +216,9 @@ def bench_lines(figures: dict) -> list[str]:
 
 
 def write_report(out: Path, report: dict) -> None:
-    (out / "report.json").write_text(json.dumps(report, indent=1))
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    for path in (out / "report.json", out / "logs" / "report_state.json"):
+        path.write_text(json.dumps(report, indent=1))
     v = report.get("versions", {})
     lines = ["# GPU check report (tools/gpu_check.sh)", "",
              f"- device: {v.get('device')} ({v.get('gpus')} visible); written {report.get('written')}",
@@ -302,8 +311,10 @@ def main(argv: list[str] | None = None) -> int:
         steps = [s for s in steps if s.part in (0, args.part)]
     if args.steps:
         steps = [s for s in steps if s.name in args.steps.split(",")]
-    previous = out / "report.json"
-    report = json.loads(previous.read_text()) if previous.exists() and not args.dry_run and gpus else {"steps": {}}
+    # merge with an earlier part: its state in logs/ (git-ignored, so it stays on a machine whose tree is re-synced
+    # between commands), else a report.json put back in OUT_DIR
+    previous = next((p for p in (logs / "report_state.json", out / "report.json") if p.exists()), None)
+    report = json.loads(previous.read_text()) if previous and not args.dry_run and gpus else {"steps": {}}
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     report.update(versions=versions, commit=commit.stdout.strip() or "unknown (no .git)",
                   written=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), platform=platform.platform())
@@ -311,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     if (logs / "install_plan.json").exists():
         report["install"] = json.loads((logs / "install_plan.json").read_text())
     print(f"{done['status']} install ({done['seconds']} s)")
+    # a partial install may still be enough (say, one optional package failed its import): go on if eigtrain imports
+    usable = done["status"] == "PASS" or probe(py, env, "import eigtrain.train; print('ok')") == "ok"
     for step in steps:
-        if done["status"] != "PASS" and wheels.is_dir():
+        if not usable:
             report["steps"][step.name] = {"status": "SKIPPED", "seconds": 0, "box_s": step.box_s, "part": step.part,
                                           "what": step.what + " (the offline install failed)"}
         else:
