@@ -140,3 +140,11 @@ def test_image_folder_shards_of_any_size_feed_the_trainer_at_a_fixed_image_size(
     root = write_image_shards(tmp_path, 12, 8, "png")
     cfg = compose_config(["experiment=cpu_debug", f"data.root={root}", "data.image_size=[8,8]", "data.image_fit=whole"])
     assert prepare_data(cfg.data, rank=0) == ((3, 8, 8), None)
+
+
+def test_device_wheels_never_empties_a_folder_it_did_not_write(tmp_path):
+    (tmp_path / "theirs.whl").write_text("not ours")
+    done = subprocess.run(["bash", str(REPO / "tools" / "device_wheels.sh"), "--out", str(tmp_path)], env=clean_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "was not written by this script" in done.stderr, done.stderr
+    assert (tmp_path / "theirs.whl").read_text() == "not ours"

@@ -48,7 +48,12 @@ PY
 
 abi=cp${pyver/./}
 mkdir -p "$out"
-rm -f "$out"/*.whl  # only our own wheels live here
+if [ -n "$(ls -A "$out")" ] && [ ! -e "$out/.device-wheels" ]; then  # never delete wheels this script did not write
+  echo "device_wheels: $out is not empty and was not written by this script: choose another --out" >&2
+  exit 1
+fi
+rm -f "$out"/*.whl
+touch "$out/.device-wheels"
 echo "device_wheels: ${#BINARY[@]} binary wheels for CPython $pyver manylinux x86-64 -> $out"
 mapfile -t binary < <(pinned "${BINARY[@]}")
 "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: -d "$out" \
