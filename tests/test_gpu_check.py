@@ -148,3 +148,17 @@ def test_device_wheels_never_empties_a_folder_it_did_not_write(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "was not written by this script" in done.stderr, done.stderr
     assert (tmp_path / "theirs.whl").read_text() == "not ours"
+
+
+def test_every_gpu_training_step_names_only_known_config_keys_and_values():
+    from eigtrain.config_check import validate
+    from eigtrain.train import compose_config
+
+    steps = gpu_check.cuda_steps("python", Path("runs"), Path("logs"))
+    trained = [s for s in steps if "eigtrain.train" in s.argv]
+    assert {s.name[0] for s in trained} == {"a", "e"}
+    for step in trained:
+        overrides = step.argv[step.argv.index("eigtrain.train") + 1:]
+        cfg = compose_config([o.replace("device=cuda", "device=cpu") for o in overrides])  # raises on a bad key/value
+        validate(cfg, world_size=1)  # raises on a value out of its choices
+        assert cfg.steps == 6, step.name
