@@ -15,11 +15,18 @@
 # parts; logs in OUT_DIR/logs. On a GPU it exits 0 even when steps fail (the report says which). Without CUDA
 # (or with --dry-run) it lists the GPU steps and runs the CPU dry run instead (exit 1 if that fails).
 #
-# Python: $PYTHON, else the checkout's .venv when it has eigtrain (this machine), else python3 (the device image).
+# Python: $PYTHON, else the checkout's .venv when it has eigtrain (this machine), else the first of python3, python,
+# python3.12 that imports torch (the device image).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-}
 if [ -z "$PY" ]; then
-  if "$repo/.venv/bin/python" -c "import eigtrain" 2>/dev/null; then PY=$repo/.venv/bin/python; else PY=python3; fi
+  if "$repo/.venv/bin/python" -c "import eigtrain" 2>/dev/null; then PY=$repo/.venv/bin/python; fi
+fi
+if [ -z "$PY" ]; then  # the image's Python: the first that has torch
+  for candidate in python3 python python3.12; do
+    if command -v "$candidate" >/dev/null && "$candidate" -c "import torch" 2>/dev/null; then PY=$candidate; break; fi
+  done
+  PY=${PY:-python3}
 fi
 exec "$PY" "$repo/tools/gpu_check.py" "$@"
