@@ -2,6 +2,7 @@
 
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import socket
 import time
@@ -12,6 +13,7 @@ import torch.distributed as torch_dist
 
 from eigtrain import dist
 from eigtrain.dist import DistEnv, expand_nodelist, expand_tasks_per_node, resolve_env
+from eigtrain.dist.slurm_nodes import scontrol_hostnames
 
 # What srun sets for task 5 of a 2-node x 4-task step (values seen on a real Slurm 22.05).
 SLURM_TASK = {
@@ -32,23 +34,70 @@ TORCHRUN = {
 }
 
 
-@pytest.mark.parametrize(
-    "nodelist, hosts",
-    [
-        ("vm", ["vm"]),
-        ("gpu[01-03,07],cpu5,a[1-2]-ib", ["gpu01", "gpu02", "gpu03", "gpu07", "cpu5", "a1-ib", "a2-ib"]),
-        ("n[9-11]", ["n9", "n10", "n11"]),
-        ("x[001-002,010]", ["x001", "x002", "x010"]),
-        ("r[1-2]n[3,5]", ["r1n3", "r1n5", "r2n3", "r2n5"]),
-        ("node-1,node-2", ["node-1", "node-2"]),
-    ],
-)
-def test_expand_nodelist(nodelist, hosts):
+@pytest.fixture
+def no_scontrol(tmp_path, monkeypatch):
+    """A PATH without scontrol: the node list goes to eigtrain's own parser."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+
+@pytest.fixture
+def slurm_conf(tmp_path, monkeypatch):
+    """A minimal slurm.conf: enough for scontrol's local hostlist expansion, no cluster needed."""
+    if shutil.which("scontrol") is None:
+        pytest.skip("scontrol is not installed")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nNodeName=localhost CPUs=1\n"
+                    "PartitionName=p Nodes=localhost\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    return conf
+
+
+NODELISTS = [
+    ("vm", ["vm"]),
+    ("gpu[01-03,07],cpu5,a[1-2]-ib", ["gpu01", "gpu02", "gpu03", "gpu07", "cpu5", "a1-ib", "a2-ib"]),
+    ("n[9-11]", ["n9", "n10", "n11"]),
+    ("x[001-002,010]", ["x001", "x002", "x010"]),
+    ("r[1-2]n[3,5]", ["r1n3", "r1n5", "r2n3", "r2n5"]),
+    ("node-1,node-2", ["node-1", "node-2"]),
+]
+
+
+@pytest.mark.parametrize("nodelist, hosts", NODELISTS)
+def test_expand_nodelist_without_scontrol_parses_it_itself(no_scontrol, nodelist, hosts):
+    assert scontrol_hostnames(nodelist) is None
     assert expand_nodelist(nodelist) == hosts
 
 
+@pytest.mark.parametrize("nodelist, hosts", NODELISTS)
+def test_expand_nodelist_with_scontrol_agrees_with_the_parser(slurm_conf, nodelist, hosts):
+    assert expand_nodelist(nodelist) == hosts  # Slurm's answer, or the parser's where this Slurm rejects the list
+
+
+@pytest.mark.parametrize("nodelist, hosts", [
+    ("n[9-11]", ["n9", "n10", "n11"]),
+    ("r[1-2]n[3,5]", ["r1n3", "r1n5", "r2n3", "r2n5"]),
+    ("gpu[01-03,07],cpu5", ["gpu01", "gpu02", "gpu03", "gpu07", "cpu5"]),
+])
+def test_scontrol_expands_the_node_list_where_it_can(slurm_conf, nodelist, hosts):
+    assert scontrol_hostnames(nodelist) == hosts
+
+
+def test_scontrol_rejecting_a_list_leaves_it_to_the_parser(slurm_conf):
+    assert scontrol_hostnames("a[x]") is None  # scontrol exits 0 here, saying "Invalid hostlist" on stderr
+    with pytest.raises(ValueError, match="bad range 'x' in Slurm node list"):
+        expand_nodelist("a[x]")
+
+
+def test_scontrol_without_a_configuration_falls_back(tmp_path, monkeypatch):
+    if shutil.which("scontrol") is None:
+        pytest.skip("scontrol is not installed")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
+    assert scontrol_hostnames("n[9-11]") is None
+    assert expand_nodelist("n[9-11]") == ["n9", "n10", "n11"]
+
+
 @pytest.mark.parametrize("bad", ["", "a[]", "a[1-2", "a]1", "a[3-1]", "a,,b", "a[x]", "a[[1]]"])
-def test_expand_nodelist_rejects_malformed(bad):
+def test_expand_nodelist_rejects_malformed(no_scontrol, bad):
     with pytest.raises(ValueError, match="Slurm node list"):
         expand_nodelist(bad)
 
