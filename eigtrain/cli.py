@@ -117,6 +117,8 @@ def _as_override(schema: type, key: str, value: str) -> str:
     if kind == "dict entry":  # a new key of a dict field (encoder.kwargs.KEY=VALUE): add or replace it
         return f"++{key.lstrip('+')}={value}"
     args = set(typing.get_args(kind)) - {type(None)} or {kind}
+    if any(typing.get_origin(t) is list for t in (kind, *args)):  # list[str]: Hydra's [a,b] list syntax
+        args = {list}
     if args <= {str, Any} and value != "null" and not value.startswith(("'", '"')) \
             and not (Any in args and value.startswith("[")):
         return f"{key}='{_quoted(value)}'"  # taken literally: commas, braces, `=` are no Hydra syntax here

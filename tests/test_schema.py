@@ -167,6 +167,15 @@ def test_compose_dataclass_keeps_the_command_line_syntax():
     assert compose_dataclass(Args, ["path=it's"]).path == "it's"
 
 
+@dataclasses.dataclass
+class ListArgs:
+    dirs: list[str] = dataclasses.field(default_factory=list)
+
+
+def test_compose_dataclass_reads_a_list_of_strings_as_a_list():  # eigtrain-eval ff_run_dirs=[DIR4,DIR8]
+    assert compose_dataclass(ListArgs, ["dirs=[/runs/ff4,/runs/ff8]"]).dirs == ["/runs/ff4", "/runs/ff8"]
+
+
 def test_compose_dataclass_presets_are_a_config_group_and_explicit_keys_win():
     args = compose_dataclass(Args, ["steps=5", "preset=big"], groups={"preset": PRESETS})
     assert (args.preset, args.steps, args.rate) == ("big", 5, 0.1)
