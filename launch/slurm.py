@@ -17,20 +17,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 import submitit
 from submitit.core.job_environment import JobEnvironment
 
 from eigtrain import dist
 from eigtrain.launch.slurm_capacity import check_fits, never_starts
+from eigtrain.launch.slurm_report import JobFailedError, failed_tasks, failure_report, job_ending, job_fields
 from eigtrain.schema import SlurmLauncherConfig
 
 # Every key and its default: eigtrain.schema.SlurmLauncherConfig (configs/launcher/slurm.yaml documents them).
@@ -208,23 +207,13 @@ def submit(cfg: Mapping, fn: Callable, *args, **kwargs) -> submitit.Job:
     return job
 
 
-class JobFailedError(RuntimeError):
-    """A Slurm job failed; the message names each failed task, its last error line and its log."""
-
-
 _RUNNING_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED",
                    "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "PREEMPTED", "SIGNALING", "STAGE_OUT"}
 
 
-def _job_fields(job_id: str) -> dict[str, str]:
-    """`scontrol show job` as key -> value ({} once slurmctld has forgotten the job); needs no accounting DB."""
-    out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True)
-    return dict(field.split("=", 1) for field in out.stdout.split() if "=" in field)
-
-
 def slurm_state(job_id: str) -> str | None:
     """The job's state from slurmctld (None once it has forgotten the job)."""
-    return _job_fields(job_id).get("JobState")
+    return job_fields(job_id).get("JobState")
 
 
 def wait(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 2.0) -> list:
@@ -236,7 +225,7 @@ def wait(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 2.0)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     ended_at = None
     while not job.done():
-        fields = _job_fields(job.job_id)
+        fields = job_fields(job.job_id)
         state = fields.get("JobState")
         if (never := never_starts(fields)) is not None:
             subprocess.run(["scancel", str(job.job_id)], capture_output=True, timeout=60)
@@ -244,87 +233,17 @@ def wait(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 2.0)
                                  f"logs: {job.paths.folder}")
         if state in _RUNNING_STATES:
             ended_at = None
-        elif _failed_tasks(job):  # ended, and the ranks killed after the failure left no result
-            raise JobFailedError(_failure_report(job, f"failed ({state})"))
+        elif failed_tasks(job):  # ended, and the ranks killed after the failure left no result
+            raise JobFailedError(failure_report(job, f"failed ({state})"))
         elif ended_at is None:
             ended_at = time.monotonic()  # give a shared filesystem a moment to show the result files
         elif time.monotonic() - ended_at > 10:
-            raise JobFailedError(_failure_report(job, f"ended ({_ending(job.job_id)}) "
+            raise JobFailedError(failure_report(job, f"ended ({job_ending(job.job_id)}) "
                                                     "without a result from every task"))
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"Slurm job {job.job_id} still {state} after {timeout_s:.0f} s; "
                                f"logs: {job.paths.folder}")
         time.sleep(poll_s)
-    if _failed_tasks(job):
-        raise JobFailedError(_failure_report(job, "failed"))
+    if failed_tasks(job):
+        raise JobFailedError(failure_report(job, "failed"))
     return job.results()
-
-
-def _failed_tasks(job: submitit.Job) -> list[tuple[int, str, Path]]:
-    failed = []
-    for i in range(job.num_tasks):
-        task = job.task(i) if job.num_tasks > 1 else job
-        if task.paths.result_pickle.exists():
-            outcome, payload = submitit.core.utils.pickle_load(task.paths.result_pickle)
-            if outcome == "error":
-                failed.append((i, payload, task.paths.stderr))
-    return failed
-
-
-def _ending(job_id: str) -> str:
-    """State, reason and exit code as slurmctld tells them, e.g. 'FAILED, NonZeroExitCode, exit 137:0'."""
-    fields = _job_fields(job_id)
-    if not fields:
-        return "forgotten by slurmctld"
-    parts = [fields.get("JobState", "?")]
-    if fields.get("Reason", "None") != "None":
-        parts.append(fields["Reason"])
-    if fields.get("ExitCode", "0:0") != "0:0":
-        parts.append(f"exit {fields['ExitCode']}")
-    return ", ".join(parts)
-
-
-_SRUN_TASK_END = re.compile(r"srun: error: \S+: tasks? ([\d,\-]+): (.+)")
-
-
-def _how_task_ended(job: submitit.Job, task: int) -> str:
-    """srun's last word on this task in the batch log (e.g. 'Killed', 'Exited with exit code 1'),
-    else the task log's last line. The logs are appended across requeues, so the last line is the latest run."""
-    def lines(path: Path) -> list[str]:
-        try:
-            return [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
-        except OSError:
-            return []
-
-    for line in reversed(lines(job.paths.stderr)):  # the batch step's stderr: srun writes there
-        match = _SRUN_TASK_END.search(line)
-        if match and task in _task_set(match.group(1)):
-            return f"srun: {match.group(2)}"
-    own = lines((job.task(task) if job.num_tasks > 1 else job).paths.stderr)
-    return f"its log ends: {own[-1]}" if own else "its log is empty"
-
-
-def _task_set(spec: str) -> set[int]:
-    tasks = set()
-    for part in spec.split(","):
-        low, _, high = part.partition("-")
-        tasks.update(range(int(low), int(high or low) + 1))
-    return tasks
-
-
-def _failure_report(job: submitit.Job, what: str) -> str:
-    # Every failed task's last line: the rank that died first is among them, next to the ranks
-    # that only saw their peer disappear. A task with no result at all (killed: OOM, a signal, a
-    # node failure) is named with how srun says it ended.
-    lines = [f"Slurm job {job.job_id} {what}"]
-    failed = _failed_tasks(job)
-    for i, trace, log in failed:
-        last = trace.strip().splitlines()[-1] if trace.strip() else "(no traceback)"
-        lines.append(f"  task {i}: {last}  (log: {log})")
-    failed_ids = {i for i, _, _ in failed}
-    for i in range(job.num_tasks):
-        task = job.task(i) if job.num_tasks > 1 else job
-        if i not in failed_ids and not task.paths.result_pickle.exists():
-            lines.append(f"  task {i}: no result; {_how_task_ended(job, i)}  (log: {task.paths.stderr})")
-    lines.append(f"logs: {job.paths.folder}")
-    return "\n".join(lines)

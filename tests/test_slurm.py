@@ -19,6 +19,7 @@ import torch
 import torch.distributed as torch_dist
 
 from eigtrain import dist
+from eigtrain.dist.slurm_nodes import scontrol_hostnames
 from eigtrain.launch.slurm import JobFailedError, submit, wait, world_size
 from tests.slurm_fixture import slurm_cluster  # noqa: F401  (fixture)
 
@@ -46,7 +47,7 @@ def test_launcher_config_defaults_and_errors():
 
 
 def test_srun_task_ranges_are_read_as_srun_writes_them():
-    from eigtrain.launch.slurm import _task_set
+    from eigtrain.launch.slurm_report import _task_set
 
     assert _task_set("1") == {1} and _task_set("0-1") == {0, 1} and _task_set("0-2,5,7-8") == {0, 1, 2, 5, 7, 8}
 
@@ -161,7 +162,8 @@ def all_reduce_job(out: str) -> int:
     env = dist.init_distributed(timeout_s=60)
     total = torch.tensor([env.rank + 1.0])
     torch_dist.all_reduce(total)
-    record = {**asdict(env), "sum": total.item(), "RANK": os.environ["RANK"]}
+    record = {**asdict(env), "sum": total.item(), "RANK": os.environ["RANK"],
+              "scontrol": scontrol_hostnames(os.environ["SLURM_STEP_NODELIST"])}  # Slurm's own expansion served
     Path(out, f"rank{env.rank}.json").write_text(json.dumps(record))
     dist.destroy()
     return env.rank
@@ -176,7 +178,8 @@ def test_two_task_job_forms_a_group(slurm_cluster, tmp_path):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert record == {"rank": rank, "world_size": 2, "local_rank": rank, "local_world_size": 2,
                           "node_rank": 0, "num_nodes": 1, "master_addr": os.uname().nodename.split(".")[0],
-                          "master_port": port, "source": "slurm", "sum": 3.0, "RANK": str(rank)}
+                          "master_port": port, "source": "slurm", "sum": 3.0, "RANK": str(rank),
+                          "scontrol": [os.uname().nodename.split(".")[0]]}
     script = job.paths.submission_file.read_text()
     for flag in ("--signal=USR2@120", "--requeue", "--ntasks-per-node=2", "--kill-on-bad-exit=1", "unset RANK"):
         assert flag in script
