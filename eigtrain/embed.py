@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import EXPORT_NAME, latest_checkpoint, load_encoder
-from .data import ShardStream, build_augment, read_index
+from .data import ShardStream, StreamOptions, build_augment, read_index
 from .data.from_config import build_stream, split_shards, split_source, uses_shards
 from .data.pipe_trust import SOURCE_KEYS, check_saved_sources
 from .redact import saved_value_usable
@@ -221,12 +221,13 @@ def _external_stream(cfg, env) -> tuple[ShardStream, int, dict]:
     if data.root:
         index = read_index(data.root)
         workers = min(cfg.num_workers, len(index.shards(cfg.split)) // env.world_size)
-        stream = ShardStream(data.root, split=cfg.split, num_workers=workers, image_fit=data.image_fit, **common)
+        options = StreamOptions(split=cfg.split, num_workers=workers, image_fit=data.image_fit, **common)
+        stream = ShardStream(data.root, options)
         return stream, index.num_samples(cfg.split), index.meta
     key, shards = split_shards({"shards": data.shards, "val_shards": data.val_shards}, cfg.split)
     shards = list(shards) if isinstance(shards, (list, tuple)) else shards
-    stream = ShardStream(shards=shards, shards_key=key, split=cfg.split, num_workers=cfg.num_workers,
-                         image_key=data.image_key, label_key=data.label_key, image_fit=data.image_fit,
-                         cache_dir=data.cache_dir, shard_index=data.shard_index, io_timeout_s=data.io_timeout_s,
-                         **common)
+    options = StreamOptions(shards_key=key, split=cfg.split, num_workers=cfg.num_workers, image_key=data.image_key,
+                            label_key=data.label_key, image_fit=data.image_fit, cache_dir=data.cache_dir,
+                            shard_index=data.shard_index, io_timeout_s=data.io_timeout_s, **common)
+    stream = ShardStream(shards=shards, options=options)
     return stream, stream.num_samples, {"channels": 3}

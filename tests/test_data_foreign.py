@@ -19,7 +19,7 @@ import webdataset as wds
 from PIL import Image
 
 from eigtrain.config_check import ConfigError, validate
-from eigtrain.data import CorruptDataError, ShardError, ShardStream
+from eigtrain.data import CorruptDataError, ShardError, ShardStream, StreamOptions
 from eigtrain.data import gpu_decode
 from eigtrain.data.gpu_decode import choose_jpeg_device
 from eigtrain.data.write import main as shards_cli
@@ -67,7 +67,7 @@ def served(tmp_path_factory):
 
 def stream(url, cache, **kw):
     args = dict(batch_size=12, num_workers=0, label_key="cls", image_size=16, image_fit="whole", cache_dir=cache, seed=1)
-    return ShardStream(shards=url, **{**args, **kw})
+    return ShardStream(shards=url, options=StreamOptions(**{**args, **kw}))
 
 
 def take(s, n):
@@ -415,8 +415,9 @@ def test_pairs_mode_with_configured_member_names(tmp_path):
         np.save(buffer, np.full(3, i, np.float32))
         samples.append({"__key__": f"p-{i}", "input.jpg": jpeg(i, rng), "context.npy": buffer.getvalue(), "cls": i})
     write_shard(tmp_path / "p-0.tar", samples)
-    s = ShardStream(shards=str(tmp_path / "p-0.tar"), mode="pairs", x_key="input.jpg", a_key="context.npy",
-                    label_key="cls", image_size=8, batch_size=6, num_workers=0, shuffle_block=0, cache_dir=tmp_path / "c")
+    options = StreamOptions(mode="pairs", x_key="input.jpg", a_key="context.npy", label_key="cls", image_size=8,
+                            batch_size=6, num_workers=0, shuffle_block=0, cache_dir=tmp_path / "c")
+    s = ShardStream(shards=str(tmp_path / "p-0.tar"), options=options)
     batch = take(s, 1)[0]
     assert batch["x"].shape == (6, 3, 8, 8) and batch["a"].dtype == torch.float32
     assert batch["a"][:, 0].tolist() == batch["label"].float().tolist()  # x, a and the label stay together

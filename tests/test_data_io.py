@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from eigtrain.data import ShardError, ShardStream
+from eigtrain.data import ShardError, ShardStream, StreamOptions
 from eigtrain.data.shards import count_samples, open_url, shard_counts
 from tests.fault_server import FaultServer
 from tests.test_data_foreign import good_samples, write_shard
@@ -38,7 +38,7 @@ def server(shards):
 
 def stream(url, cache, **kw):
     args = dict(batch_size=3, num_workers=0, label_key="cls", image_size=8, cache_dir=cache, shuffle_block=0)
-    return ShardStream(shards=url, **{**args, **kw})
+    return ShardStream(shards=url, options=StreamOptions(**{**args, **kw}))
 
 
 def wids_index(path, urls, n=6):

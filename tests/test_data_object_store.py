@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from eigtrain.data import ShardError, ShardStream
+from eigtrain.data import ShardError, ShardStream, StreamOptions
 from tests.test_data_foreign import CLASSES, PATTERN, PER_CLASS, train_overrides, write_class_ordered
 
 boto3 = pytest.importorskip("boto3")
@@ -38,8 +38,9 @@ def bucket(tmp_path_factory):
 
 
 def one_pass_keys(url, cache, rank=0, world_size=1):
-    s = ShardStream(shards=url, batch_size=12, num_workers=2, rank=rank, world_size=world_size, label_key="cls",
-                    image_size=16, image_fit="whole", cache_dir=cache, one_pass=True)
+    options = StreamOptions(batch_size=12, num_workers=2, rank=rank, world_size=world_size, label_key="cls",
+                            image_size=16, image_fit="whole", cache_dir=cache, one_pass=True)
+    s = ShardStream(shards=url, options=options)
     return [k for batch in s for k in batch["key"]], s.num_samples
 
 

@@ -35,7 +35,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from eigtrain.data import ShardStream, build_augment
+from eigtrain.data import ShardStream, StreamOptions, build_augment
 from eigtrain.data.augment import PRESETS
 
 from bench_data import torchvision_views  # the same per-image reference pipeline (tools/ is on sys.path)
@@ -81,8 +81,9 @@ def timed(make_batches, count: int, size_of) -> float:
 
 def ours(pattern, args, size, workers: int, augment=None) -> float:
     """ShardStream; with `augment` both views are made in this process on the CPU."""
-    stream = ShardStream(shards=pattern, batch_size=args.batch, num_workers=workers, seed=0,
-                         label_key="cls", image_size=size, image_fit="whole", shuffle_block=1000)
+    options = StreamOptions(batch_size=args.batch, num_workers=workers, seed=0, label_key="cls", image_size=size,
+                            image_fit="whole", shuffle_block=1000)
+    stream = ShardStream(shards=pattern, options=options)
     generator = torch.Generator().manual_seed(0)
 
     def size_of(batch):

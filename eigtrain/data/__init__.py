@@ -11,10 +11,12 @@ from .index import ShardIndex, read_index
 from .shards import ShardError, expand_shards, shard_counts
 from .sources import cifar10_source, digits_source, imagefolder_source, npz_source
 from .stream import CorruptDataError, ShardStream
+from .stream_options import StreamOptions
 from .write import write_shards
 
 __all__ = [
-    "BatchAugment", "Corrupt", "CorruptDataError", "ShardError", "ShardIndex", "ShardStream", "ViewRecipe",
+    "BatchAugment", "Corrupt", "CorruptDataError", "ShardError", "ShardIndex", "ShardStream", "StreamOptions",
+    "ViewRecipe",
     "build_augment", "expand_shards", "shard_counts",
     "cifar10_source", "digits_source", "imagefolder_source", "npz_source", "read_index", "write_shards",
 ]

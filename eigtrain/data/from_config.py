@@ -19,6 +19,7 @@ from .gpu_decode import DECODE_CHOICES, choose_jpeg_device
 from .index import INDEX_NAME, read_index
 from .shards import expand_shards, known_counts, local_path, shard_counts
 from .stream import ShardStream
+from .stream_options import StreamOptions
 
 
 class DataConfigError(ValueError):
@@ -182,8 +183,9 @@ def build_stream(data, *, batch_size: int, rank: int, world_size: int, seed: int
     )
     if uses_shards(data):
         key, shards = split_shards(data, common["split"])
-        return ShardStream(shards=_listed(shards), shards_key=key, image_key=_listed(data.get("image_key")),
-                           label_key=data.get("label_key"), x_key=_listed(data.get("x_key")),
-                           a_key=_listed(data.get("a_key")), cache_dir=cache_dir,
-                           shard_index=data.get("shard_index"), **common)
-    return ShardStream(data.root, **common)
+        options = StreamOptions(shards_key=key, image_key=_listed(data.get("image_key")),
+                                label_key=data.get("label_key"), x_key=_listed(data.get("x_key")),
+                                a_key=_listed(data.get("a_key")), cache_dir=cache_dir,
+                                shard_index=data.get("shard_index"), **common)
+        return ShardStream(shards=_listed(shards), options=options)
+    return ShardStream(data.root, StreamOptions(**common))

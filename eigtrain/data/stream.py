@@ -26,24 +26,22 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
-from itertools import count, islice
 from pathlib import Path
 from typing import Iterator
 
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader
 
 from . import plan
-from .decode import FITS, IMAGE_EXTS, Corrupt, DecodeSpec, collate, decode_sample, parse_keys
+from .decode import IMAGE_EXTS, Corrupt, DecodeSpec, parse_keys
 from .index import read_index
-from .shards import (DEFAULT_TIMEOUT_S, PermanentShardError, complete_samples, expand_shards, local_path, open_url,
-                     shard_counts)
+from .shards import expand_shards, shard_counts
+from .stream_options import MODES, StreamOptions
+from .stream_read import NETWORK_RETRIES, WorkerPipeline, read_shard, read_tasks
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-NETWORK_RETRIES = 2  # reopenings of a network shard whose read failed midway
-MODES = ("views", "pairs")
+__all__ = ["MODES", "CorruptDataError", "ShardStream", "StreamOptions", "read_shard", "read_tasks"]
 
 
 class CorruptDataError(RuntimeError):
@@ -53,15 +51,12 @@ class CorruptDataError(RuntimeError):
 class ShardStream:
     """Batches of one split for one rank, from the shards indexed in ``root/index.json`` or from ``shards``.
 
-    Foreign shards: ``ShardStream(shards="https://host/train-{000000..000146}.tar", label_key="cls",
-    image_size=256, image_fit="whole", cache_dir=RUN_DIR/"data", ...)``. `shards` is a brace pattern or a list
-    of patterns/URLs (read in that order) holding exactly the split `split` (a config picks them by split:
-    data.shards or data.val_shards, `eigtrain.data.from_config.split_shards`; `shards_key` names them in
-    messages); their sample counts come from
-    `shard_index` (a wids index), an index next to the shards, or a one-time scan cached in `cache_dir`.
-    Fields: `image_key` (member-name alternatives, default ``jpg;jpeg;png;webp``, or ``x.*`` / ``a.*`` in
-    pairs mode: `x_key`, `a_key`, an ``.npy`` member being a vector), `label_key` (``cls``, ``json:FIELD`` or
-    None). Images are RGB.
+    Foreign shards: ``ShardStream(shards="https://host/train-{000000..000146}.tar", options=StreamOptions(
+    label_key="cls", image_size=256, image_fit="whole", cache_dir=RUN_DIR/"data", ...))``. `shards` is a brace
+    pattern or a list of patterns/URLs (read in that order) holding exactly the split `split` (a config picks them
+    by split: data.shards or data.val_shards, `eigtrain.data.from_config.split_shards`; `shards_key` names them in
+    messages); their sample counts come from `shard_index` (a wids index), an index next to the shards, or a
+    one-time scan cached in `cache_dir`. Images are RGB.
 
     Training mode (default): an endless iterator; every epoch each rank yields exactly `batches_per_epoch`
     batches, equal on all ranks; with ``resampled=False`` no sample appears twice in an epoch, and fewer than
@@ -84,82 +79,23 @@ class ShardStream:
     trainer may save rank 0's and load it on every rank (only the corrupt-sample count in it is per rank).
     Use one live iterator per stream at a time.
 
-    Arguments not covered above: `batch_size` is per rank; `num_workers=0` reads in the calling process;
-    `image_size` (int or (H, W)) makes the workers bring every image to that size: ``image_fit="cover"``
-    resizes (shorter side) and center-crops, ``"whole"`` fits the whole image inside, pads, and adds the valid
-    sizes as ``"size"`` int64 (B, 2) so the augmentation crops from the whole image; None keeps the stored size
-    (then all images must share it). `max_corrupt` is how many unusable samples are skipped with a warning
-    before `CorruptDataError`; `shuffle_block` is how many undecoded samples each worker shuffles together
-    (and holds in memory; 0 or 1: no shuffling beyond the shard order); `mix_shards` is how many shards each
-    worker reads side by side (so class-ordered shards still give mixed batches; 1: one after the other).
-    `jpeg_device`: decode JPEG images batched in the main process on that device (nvJPEG on CUDA, see
-    `eigtrain.data.gpu_decode`) instead of in the workers. `pin_memory`, `prefetch_factor`, `persistent_workers`
-    go to the DataLoader; `io_timeout_s` bounds every network read.
+    Every argument but the source is a field of `StreamOptions` (eigtrain.data.stream_options), one line of
+    doc each.
     """
 
-    def __init__(
-        self,
-        root: str | os.PathLike | None = None,
-        split: str = "train",
-        batch_size: int = 64,
-        rank: int = 0,
-        world_size: int = 1,
-        num_workers: int = 2,
-        seed: int = 0,
-        mode: str = "views",
-        image_size: int | tuple[int, int] | None = None,
-        resampled: bool = False,
-        one_pass: bool = False,
-        max_corrupt: int = 10,
-        shuffle_block: int = 1000,
-        pin_memory: bool = False,
-        prefetch_factor: int = 2,
-        *,
-        shards: str | list[str] | None = None,
-        image_key: str | list[str] | None = None,
-        label_key: str | None = None,
-        x_key: str | list[str] | None = None,
-        a_key: str | list[str] | None = None,
-        image_fit: str = "cover",
-        mix_shards: int = 8,
-        cache_dir: str | os.PathLike | None = None,
-        shard_index: str | None = None,
-        io_timeout_s: float = DEFAULT_TIMEOUT_S,
-        persistent_workers: bool = False,
-        jpeg_device=None,
-        shards_key: str = "data.shards",
-    ):
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        if max_corrupt < 0:
-            raise ValueError(f"max_corrupt must be >= 0, got {max_corrupt}")
-        if one_pass and resampled:
-            raise ValueError("one_pass=True reads every sample exactly once; it cannot be combined with resampled=True")
+    def __init__(self, root: str | os.PathLike | None = None, options: StreamOptions | None = None, *,
+                 shards: str | list[str] | None = None):
         if (root is None) == (shards is None):
             raise ValueError("give exactly one of root (an eigtrain shard directory) and shards (a pattern or list)")
-        if image_fit not in FITS:
-            raise ValueError(f"image_fit must be one of {FITS}, got {image_fit!r}")
-        if image_fit == "whole" and mode == "pairs":
-            raise ValueError("image_fit='whole' needs mode='views' (stored pairs are used as they are: use 'cover')")
-        if mix_shards < 1:
-            raise ValueError(f"mix_shards must be >= 1, got {mix_shards}")
-
-        self.split, self.batch_size, self.mode = split, batch_size, mode
-        self.rank, self.world_size, self.num_workers, self.seed = rank, world_size, num_workers, seed
-        self.resampled, self.one_pass, self.max_corrupt = resampled, one_pass, max_corrupt
-        self.shuffle_block, self.pin_memory, self.prefetch_factor = shuffle_block, pin_memory, prefetch_factor
-        self.persistent_workers, self.mix_shards, self.io_timeout_s = persistent_workers, mix_shards, io_timeout_s
-        self.image_size, self.image_fit, self.jpeg_device = _as_size(image_size), image_fit, jpeg_device
-        if jpeg_device is not None and mode != "views":
-            raise ValueError("jpeg_device (batched JPEG decoding) needs mode='views'")
+        o = self.options = options or StreamOptions()  # validated when made
+        split, batch_size, rank, world_size = o.split, o.batch_size, o.rank, o.world_size
+        # The stream's own attributes stay what they were: the cursor, the workers and the callers read them.
+        self.split, self.batch_size, self.mode = split, batch_size, o.mode
+        self.rank, self.world_size, self.num_workers, self.seed = rank, world_size, o.num_workers, o.seed
+        self.resampled, self.one_pass, self.max_corrupt = o.resampled, o.one_pass, o.max_corrupt
+        self.shuffle_block, self.pin_memory, self.prefetch_factor = o.shuffle_block, o.pin_memory, o.prefetch_factor
+        self.persistent_workers, self.mix_shards, self.io_timeout_s = o.persistent_workers, o.mix_shards, o.io_timeout_s
+        self.image_size, self.image_fit, self.jpeg_device = o.image_size, o.image_fit, o.jpeg_device
 
         if root is not None:
             self.root = Path(root)
@@ -172,22 +108,22 @@ class ShardStream:
         else:
             self.root, self.index = None, None
             urls = expand_shards(shards)
-            self.where = f"{shards_key} ({len(urls)} shards, {urls[0]} ...)"
-            counts = shard_counts(urls, cache_dir, shard_index, io_timeout_s)
+            self.where = f"{o.shards_key} ({len(urls)} shards, {urls[0]} ...)"
+            counts = shard_counts(urls, o.cache_dir, o.shard_index, o.io_timeout_s)
             self.shards = list(zip(urls, counts))
             if sum(counts) == 0:
                 raise ValueError(f"the shards of {self.where} hold no samples")
-            self.spec = self._foreign_spec(image_key, label_key, x_key, a_key)
+            self.spec = self._foreign_spec(o.image_key, o.label_key, o.x_key, o.a_key)
         self.num_samples = sum(n for _, n in self.shards)
 
-        self.workers = max(num_workers, 1)  # num_workers=0 reads in this process, as one worker
+        self.workers = max(o.num_workers, 1)  # num_workers=0 reads in this process, as one worker
         self.num_slots = world_size * self.workers
         if len(self.shards) < self.num_slots:  # slots then share shards, each reading its own sample range
             log.warning(
                 "%s: %d shards for world_size x num_workers = %d x %d reader slots: slots share shards (each "
                 "reads and discards the samples before its range); more, smaller shards read less",
                 self.where, len(self.shards), world_size, self.workers)
-        if one_pass:
+        if o.one_pass:
             slots = range(rank * self.workers, (rank + 1) * self.workers)
             sizes = [sum(map(len, plan.one_pass_tasks(self.shards, s, self.num_slots))) for s in slots]
             self._worker_batches = [math.ceil(n / batch_size) for n in sizes]
@@ -251,7 +187,7 @@ class ShardStream:
 
     def __iter__(self) -> Iterator[dict]:
         starts, rotation = plan.round_robin_resume(self._batches, self._worker_batches, self.workers)
-        dataset = _WorkerPipeline(self, starts, rotation)
+        dataset = WorkerPipeline(self, starts, rotation)
         if self.num_workers == 0:
             batches = iter(dataset)
         else:
@@ -339,80 +275,6 @@ class ShardStream:
         )
 
 
-class _WorkerPipeline(IterableDataset):
-    """What runs inside each DataLoader worker: plan -> read -> shuffle -> decode -> batch."""
-
-    def __init__(self, stream: ShardStream, starts: list[int], rotation: int):
-        self.shards, self.spec, self.mix_shards, self.timeout = stream.shards, stream.spec, stream.mix_shards, stream.io_timeout_s
-        self.batch_size, self.workers, self.num_slots = stream.batch_size, stream.workers, stream.num_slots
-        self.rank, self.seed, self.restart = stream.rank, stream.seed, stream._restart
-        self.resampled, self.one_pass, self.shuffle_block = stream.resampled, stream.one_pass, stream.shuffle_block
-        self.per_slot = None if stream.one_pass else stream.per_slot
-        self.starts, self.rotation = starts, rotation
-
-    def __iter__(self) -> Iterator[dict]:
-        info = get_worker_info()
-        worker = ((0 if info is None else info.id) + self.rotation) % self.workers
-        slot = self.rank * self.workers + worker
-        for raw in self._raw_batches(slot, self.starts[worker]):
-            decoded, corrupt = [], []
-            for sample in raw:
-                if isinstance(sample, Corrupt):
-                    corrupt.append(sample)
-                    continue
-                try:
-                    decoded.append(decode_sample(sample, self.spec))
-                except Exception as exn:  # any failure to decode makes the sample unusable, nothing more
-                    corrupt.append(Corrupt(sample["__url__"], sample["__key__"], f"{type(exn).__name__}: {exn}"))
-            yield collate(decoded, corrupt, self.spec)
-
-    def _raw_batches(self, slot: int, start: int) -> Iterator[list]:
-        """Undecoded batches of `slot` from its batch number `start` on."""
-        if self.one_pass:
-            tasks = plan.one_pass_tasks(self.shards, slot, self.num_slots)
-            yield from _chunks(read_tasks(plan.skip(tasks, start * self.batch_size), self.timeout), self.batch_size)
-            return
-        per_epoch = self.per_slot // self.batch_size
-        epoch, first = divmod(start, per_epoch)
-        for epoch in count(epoch):
-            tasks = plan.train_epoch_tasks(self.shards, slot, self.num_slots, self.per_slot, self.seed,
-                                           self.restart, epoch, self.resampled)
-            samples = self._shuffled(tasks, slot, epoch, first * self.batch_size)
-            yield from _chunks(samples, self.batch_size)
-            first = 0
-
-    def _shuffled(self, tasks: list[plan.ReadTask], slot: int, epoch: int, start: int) -> Iterator:
-        """The slot's epoch, mixed across shards and block-shuffled, from position `start` on."""
-        block = self.shuffle_block
-        if block <= 1:
-            yield from self._mixed(tasks, start)
-            return
-        first = start // block
-        samples = self._mixed(tasks, first * block)
-        for b in count(first):
-            chunk = list(islice(samples, block))
-            if not chunk:
-                return
-            perm = plan.block_permutation(self.seed, self.restart, epoch, slot, b, len(chunk))
-            chunk = [chunk[i] for i in perm]
-            yield from (chunk[start - first * block:] if b == first else chunk)
-
-
-    def _mixed(self, tasks: list[plan.ReadTask], start: int) -> Iterator[dict | Corrupt]:
-        """The tasks read `mix_shards` at a time side by side (`plan.mix_order`), from position `start` on."""
-        order = plan.mix_order(tasks, self.mix_shards)
-        done = plan.mix_offsets(order, start, len(tasks))
-        readers: dict[int, Iterator] = {}
-        for i in order[start:].tolist():
-            if i not in readers:
-                task = tasks[i]
-                readers[i] = read_shard(plan.ReadTask(task.shard, task.start + int(done[i]), task.stop), self.timeout)
-            yield next(readers[i])
-            done[i] += 1
-            if done[i] == len(tasks[i]):
-                readers.pop(i).close()  # release the file or connection now, not at the end of the epoch
-
-
 def _named_timeout(batches: Iterator[dict], where: str, timeout_s: float) -> Iterator[dict]:
     """The DataLoader's batches; its timeout as one `TimeoutError` naming the data and the key that sets it."""
     try:
@@ -422,62 +284,3 @@ def _named_timeout(batches: Iterator[dict], where: str, timeout_s: float) -> Ite
             raise
         raise TimeoutError(f"the data workers of {where} delivered no batch for {timeout_s:g} s (a stalled or very "
                            f"slow source; the bound follows data.io_timeout_s)") from None
-
-
-def _chunks(samples: Iterator, size: int) -> Iterator[list]:
-    while chunk := list(islice(samples, size)):
-        yield chunk
-
-
-def read_tasks(tasks: list[plan.ReadTask], timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[dict | Corrupt]:
-    """Samples of the tasks, in order: exactly ``len(task)`` items per task, `Corrupt` for any not delivered."""
-    for task in tasks:
-        yield from read_shard(task, timeout_s)
-
-
-def read_shard(task: plan.ReadTask, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[dict | Corrupt]:
-    """Samples [start, stop) of the shard at URL ``task.shard``: exactly ``len(task)`` items.
-
-    A network shard whose read fails midway is reopened up to `NETWORK_RETRIES` times, skipping what was
-    already delivered; what still cannot be read becomes `Corrupt` placeholders naming the error."""
-    position, last_key, error = 0, None, "the tar has fewer samples than its count says"
-    retries = NETWORK_RETRIES if local_path(task.shard) is None else 0  # a damaged local file stays damaged
-    for attempt in range(retries + 1):
-        seen = 0  # samples of this attempt's read
-        try:
-            with open_url(task.shard, timeout_s) as f:
-                for sample in complete_samples(task.shard, f):
-                    seen += 1
-                    if seen <= position:
-                        continue  # delivered by an earlier attempt
-                    if position >= task.stop:
-                        break
-                    if position >= task.start:
-                        yield sample
-                    last_key, position = sample["__key__"], position + 1
-            if position >= task.stop:
-                break
-            error = "the tar has fewer samples than its count says"  # or a connection that ended early
-        except PermanentShardError as exn:  # 404, 403, no such file: reopening cannot help
-            error = str(exn)
-            break
-        except Exception as exn:  # truncated or unreadable tar: what was read stays valid
-            error = f"{type(exn).__name__}: {exn}"
-        if attempt < retries and position < task.stop:
-            log.warning("reading shard %s failed after %d samples (%s); reopening it (%d/%d)", task.shard,
-                        position, error, attempt + 1, retries)
-            time.sleep(0.5 * (attempt + 1))
-    for missing in range(max(position, task.start), task.stop):
-        where = f"sample #{missing} (after key {last_key!r})" if last_key else f"sample #{missing}"
-        yield Corrupt(task.shard, where, f"not readable from the shard: {error}")
-
-
-def _as_size(size: int | tuple[int, int] | None) -> tuple[int, int] | None:
-    if size is None:
-        return None
-    if isinstance(size, int):
-        size = (size, size)
-    size = tuple(int(s) for s in size)
-    if len(size) != 2 or min(size) < 1:
-        raise ValueError(f"image_size must be None, an int or (H, W), got {size}")
-    return size
