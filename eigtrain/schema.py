@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -271,11 +272,16 @@ def sweep_point(overrides) -> str:
 
 
 def _short(override: str) -> str:
-    """key=value with a path value as its last part plus a digest of the whole: data.root=digits-1a2b3c4d."""
+    """key=value with a path value as its last part plus a digest of the whole: data.root=digits-1a2b3c4d.
+    Hydra's quotes are dropped first: `data.shards='X'` (how a brace pattern must be given) is the point X."""
     key, _, value = override.partition("=")
+    value = _QUOTED.sub(lambda m: m.group(2), value)
     if "/" in value:
         value = f"{value.rstrip('/').rpartition('/')[2] or 'root'}-{_digest(value)[:8]}"
     return f"{key}={value}"
+
+
+_QUOTED = re.compile(r"""(['"])(.*?)\1""")  # a quoted string of a Hydra override value
 
 
 def _digest(text: str) -> str:

@@ -1,0 +1,340 @@
+"""The seams matrix: every user command against every data source it takes, on tiny real data.
+
+One short training run per data source (module scope, the online monitor on) is reused by eigtrain-rr (run_dir=,
+split=train and split=val), eigtrain-eval (run_dir=, both Rayleigh-Ritz conventions) and the monitor's check;
+eigtrain-rr also orders a user model and a timm model over each source, and embedding files. Sources: an
+eigtrain-shards directory (data.root), foreign webdataset shards on disk (data.shards as a brace pattern and as a
+list, data.val_shards), the same shards served over HTTP on 127.0.0.1. Each cell checks the files a command
+writes and their key contents, or the one-line refusal where the combination must be refused."""
+
+import functools
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+from sklearn.datasets import load_digits
+
+from eigtrain.data.write import main as write_shards_cli
+from eigtrain.evaluate import main as eval_main
+from eigtrain.metrics_log import read_metrics
+from eigtrain.rr_job import main as rr_main
+from tests.test_data_foreign import QuietHandler
+from tests.test_train_support import clean_env
+from tests.test_val_shards import CLASSES, write_shards
+
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
+TRAIN_PER_CLASS, VAL_PER_CLASS = 16, 6
+N_TRAIN, N_VAL = CLASSES * TRAIN_PER_CLASS, CLASSES * VAL_PER_CLASS
+SOURCES = ["root", "pairs", "shards", "http"]  # trained on; the user-model cells take all but pairs
+IMAGE_SOURCES = ["root", "shards", "http"]
+EVAL = ["probe=closed_form", "random_draws=2", "retrieval=torch", "retrieval_draws=1", "pca=false"]
+COMMON = ["experiment=cpu_debug", "steps=2", "checkpoint_every=2", "log_every=1", "monitor.every=2",
+          "logging.wandb.mode=disabled", "logging.progress=false", "data.num_workers=1"]
+FOREIGN = ["data.image_size=[16,16]", "data.image_fit=whole", "data.label_key=cls", "data.augment=cifar",
+           "data.shuffle_block=10", "batch_size=16"]
+USER_MODEL = "module:tests.test_seams:make_encoder"
+
+
+def make_encoder(channels: int = 3, dim: int = 12) -> torch.nn.Module:
+    """A user's model: (batch, channels, H, W) -> (batch, dim)."""
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(channels, dim, 4, stride=4), nn.Tanh(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+
+def index_counts(root: Path) -> dict:
+    index = json.loads((root / "index.json").read_text())
+    return {split: sum(index[split].values()) for split in ("train", "val")}
+
+
+def write_pairs(directory: Path) -> Path:
+    """Stored pairs (a digit image, a noisy 10-d vector of its class) as eigtrain shards, 20 % of them split val."""
+    images, labels = load_digits(return_X_y=True)
+    rng = np.random.default_rng(0)
+    a = (np.eye(10)[labels] + 0.5 * rng.normal(size=(len(labels), 10))).astype(np.float32)
+    np.savez(directory / "pairs.npz", x=(images * 16).clip(0, 255).astype(np.uint8).reshape(-1, 8, 8), a=a, y=labels)
+    write_shards_cli(["source=npz", f"path={directory / 'pairs.npz'}", f"out={directory / 'shards'}",
+                      "shard_size=400", "val_fraction=0.2"])
+    return directory / "shards"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Every source: {'root' | 'pairs': (dir, counts), 'shards' | 'http': (train, val, counts)}. The local shards
+    are named by a brace pattern (train) and a list (val), the served ones the other way round."""
+    root = tmp_path_factory.mktemp("digits")
+    write_shards_cli(["source=digits", f"out={root}", "shard_size=400"])
+    pairs = write_pairs(tmp_path_factory.mktemp("pairs"))
+    directory = tmp_path_factory.mktemp("foreign")
+    train = write_shards(directory, "train", TRAIN_PER_CLASS, 0, TRAIN_PER_CLASS)
+    val = write_shards(directory, "val", VAL_PER_CLASS, 1, 2 * VAL_PER_CLASS)
+    val_list = [str(directory / f"val-{i:06d}.tar") for i in range(2)]
+    assert sorted(str(p) for p in directory.glob("val-*.tar")) == val_list  # the list names every val shard
+    handler = functools.partial(QuietHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    train_urls = [f"{base}/train-{i:06d}.tar" for i in range(CLASSES)]
+    foreign_counts = {"train": N_TRAIN, "val": N_VAL}
+    yield {"root": (str(root), index_counts(root)), "pairs": (str(pairs), index_counts(pairs)),
+           "shards": (train, val_list, foreign_counts),
+           "http": (train_urls, f"{base}/{Path(val).name}", foreign_counts)}
+    server.shutdown()
+    server.server_close()
+
+
+def listed(value) -> str:
+    """A pattern or a list as a command-line value."""
+    return f"[{','.join(repr(v) for v in value)}]" if isinstance(value, list) else repr(value)
+
+
+def source_overrides(data, source) -> list[str]:
+    if source == "root":
+        return [f"data.root={data['root'][0]}"]
+    if source == "pairs":  # two encoders: the image one, an MLP for the vectors
+        return ["data=pairs", f"data.root={data['pairs'][0]}", "objective=lora",
+                "+model.context={backbone: mlp, projector_layers: 0, projector_batch_norm: false}"]
+    train, val, _ = data[source]
+    return [f"data.shards={listed(train)}", f"data.val_shards={listed(val)}", *FOREIGN]
+
+
+def counts(data, source) -> dict:
+    return data[source][-1]
+
+
+def split_source(data, source, split) -> str:
+    """What the manifest and the eval report name as the split's data."""
+    if source in ("root", "pairs"):
+        return f"split '{split}' of data.root={data[source][0]}"
+    train, val, _ = data[source]
+    return f"data.shards={train}" if split == "train" else f"data.val_shards={val}"
+
+
+@pytest.fixture(scope="module")
+def runs(data, tmp_path_factory):
+    """One 2-step SCL run per source, the online monitor scoring split val at step 2."""
+    from eigtrain.train import compose_config, run
+
+    out = {}
+    for source in SOURCES:
+        run_dir = tmp_path_factory.mktemp("runs") / source
+        assert run(compose_config([*COMMON, f"run_dir={run_dir}", *source_overrides(data, source)]))["step"] == 2
+        out[source] = run_dir
+    return out
+
+
+# -- eigtrain-train (ddp engine, one process) + the online monitor ------------------------------------------
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_train_writes_the_model_and_the_monitor_scores_split_val(runs, source):
+    run_dir = runs[source]
+    assert (run_dir / "model.safetensors").exists() and (run_dir / "checkpoints" / "step-2" / "COMPLETE").exists()
+    knn = {k: v for r in read_metrics(run_dir) if r["step"] == 2 for k, v in r.items() if k.startswith("knn/")}
+    assert sorted(knn) == ["knn/16", "knn/4", "knn/8"] and all(0 <= v <= 1 for v in knn.values())
+
+
+# -- eigtrain-rr run_dir= -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exports(runs):
+    """eigtrain-rr run_dir=R (its default out=R/rr, split train) for every source: eval reads it."""
+    for source, run_dir in runs.items():
+        assert rr_main([f"run_dir={run_dir}", *rr_mode(source), "num_workers=1", "batch_size=64"]) == 0
+    return {source: run_dir / "rr" for source, run_dir in runs.items()}
+
+
+def rr_mode(source) -> list[str]:
+    return ["mode=svd"] if source == "pairs" else []  # a pairs run has two encoders
+
+
+def exports_both_conventions(export) -> None:
+    """The default export: the constant mode apart (eigenvalue 1), the paper's convention beside it."""
+    tensors = load_file(str(export / "rr.safetensors"))
+    assert tensors["trivial_eigenvalue"].item() == 1.0 and {"paper_transform", "paper_eigenvalues"} <= tensors.keys()
+    assert torch.all(tensors["eigenvalues"][:-1] >= tensors["eigenvalues"][1:])
+
+
+def first_rr_feature_is_not_constant(report) -> None:
+    """An SCL run's first ordered feature varies over the validation split: the constant is exported apart."""
+    assert report["constant_share"]["RR"][0] < 0.5, report["constant_share"]
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_rr_run_dir_split_train(runs, exports, data, source):
+    manifest = json.loads((exports[source] / "manifest.json").read_text())
+    assert manifest["n"] == counts(data, source)["train"] and manifest["source"]["split"] == "train"
+    assert manifest["source"]["data"] == split_source(data, source, "train")
+    exports_both_conventions(exports[source])
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_rr_run_dir_split_val(runs, data, source, tmp_path):
+    out = tmp_path / "rr"
+    assert rr_main([f"run_dir={runs[source]}", *rr_mode(source), "split=val", f"out={out}", "num_workers=1",
+                    "batch_size=64"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["n"] == counts(data, source)["val"] and manifest["source"]["split"] == "val"
+    assert manifest["source"]["data"] == split_source(data, source, "val")
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_rr_checkpoint_split_val(runs, data, source, tmp_path):
+    out, checkpoint = tmp_path / "rr", runs[source] / "checkpoints" / "step-2"
+    assert rr_main([f"checkpoint={checkpoint}", *rr_mode(source), "split=val", f"out={out}", "num_workers=1"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["n"] == counts(data, source)["val"] and manifest["source"]["kind"] == "checkpoint"
+    assert manifest["source"]["data"] == split_source(data, source, "val")
+
+
+# -- eigtrain-eval run_dir= ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_eval_scores_split_val_with_both_rr_conventions(runs, exports, data, source, tmp_path):
+    out = tmp_path / "eval"
+    assert eval_main([f"run_dir={runs[source]}", f"out={out}", *EVAL]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["data"] == {"train": split_source(data, source, "train"), "test": split_source(data, source, "val")}
+    assert report["retrieval_setup"]["queries"] == counts(data, source)["val"]
+    assert {"RR", "RR (paper)"} <= report["accuracy"].keys()
+    first_rr_feature_is_not_constant(report)
+    assert {"table.md", "table.csv", "report.json"} <= {p.name for p in out.iterdir()}
+
+
+def test_eval_of_a_shards_run_without_val_shards_refuses_with_one_line(runs, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(runs["shards"], copy)
+    cfg = OmegaConf.load(copy / "config.yaml")
+    cfg.data.val_shards = None
+    OmegaConf.save(cfg, copy / "config.yaml")
+    capsys.readouterr()
+    assert eval_main([f"run_dir={copy}", f"out={tmp_path / 'eval'}", *EVAL]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "data.val_shards=" in err
+    assert not (tmp_path / "eval").exists()
+
+
+# -- eigtrain-rr encoder= (a user model; a timm model) over every source --------------------------------------
+
+
+def encoder_data_args(data, source) -> list[str]:
+    if source == "root":
+        return [f"data.root={data['root'][0]}", "data.augment=digits"]
+    train, val, _ = data[source]
+    return [f"data.shards={listed(train)}", f"data.val_shards={listed(val)}", "data.image_size=16",
+            "data.augment=cifar"]
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+@pytest.mark.parametrize("source", IMAGE_SOURCES)
+def test_rr_user_model_over_every_source(data, source, split, tmp_path):
+    out = tmp_path / "rr"
+    channels = ["encoder.kwargs.channels=1"] if source == "root" else []
+    assert rr_main([f"encoder={USER_MODEL}", *channels, *encoder_data_args(data, source), f"split={split}",
+                    f"out={out}", "num_workers=1", "batch_size=32"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["n"] == counts(data, source)[split] and manifest["source"]["encoder"] == USER_MODEL
+
+
+def test_rr_timm_model_over_http_shards(data, tmp_path):
+    out = tmp_path / "rr"
+    vit = ["encoder=timm:test_vit", "encoder.kwargs.img_size=16", "encoder.kwargs.patch_size=4",
+           "encoder.kwargs.global_pool=avg", "encoder.kwargs.final_norm=false", "encoder.kwargs.fc_norm=false"]
+    assert rr_main([*vit, *encoder_data_args(data, "http"), "split=val", f"out={out}", "num_workers=0"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["n"] == N_VAL and manifest["source"]["encoder"] == "timm:test_vit"
+
+
+# -- eigtrain-rr embeddings= --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["npz", "chunks"])
+def test_rr_embedding_files(layout, tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 5))
+    z1, z2 = x + 0.3 * rng.normal(size=x.shape), x + 0.3 * rng.normal(size=x.shape)
+    if layout == "npz":
+        path = tmp_path / "emb.npz"
+        np.savez(path, z1=z1, z2=z2)
+    else:
+        path = tmp_path / "chunks"
+        path.mkdir()
+        for i, (a, b) in enumerate(zip(np.array_split(z1, 3), np.array_split(z2, 3))):
+            np.save(path / f"part-{i}.z1.npy", a)
+            np.save(path / f"part-{i}.z2.npy", b)
+    assert rr_main([f"embeddings={path}", f"out={tmp_path / 'rr'}"]) == 0
+    manifest = json.loads((tmp_path / "rr" / "manifest.json").read_text())
+    assert manifest["n"] == 600 and manifest["source"]["kind"] == "embeddings" and manifest["dim"] == 5
+
+
+# -- other engines and process counts (slow) -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_deepspeed_single_process_run_is_ordered_and_evaluated(data, tmp_path):
+    from eigtrain.train import compose_config, run
+
+    run_dir = tmp_path / "ds"
+    assert run(compose_config([*COMMON, f"run_dir={run_dir}", "engine=deepspeed",
+                               *source_overrides(data, "shards")]))["step"] == 2
+    assert rr_main([f"run_dir={run_dir}", "num_workers=1", "batch_size=64"]) == 0
+    assert json.loads((run_dir / "rr" / "manifest.json").read_text())["n"] == N_TRAIN
+    exports_both_conventions(run_dir / "rr")
+    assert eval_main([f"run_dir={run_dir}", f"out={tmp_path / 'eval'}", *EVAL]) == 0
+    first_rr_feature_is_not_constant(json.loads((tmp_path / "eval" / "report.json").read_text()))
+
+
+@pytest.mark.slow
+def test_two_rank_training_over_http_then_two_rank_rr(data, tmp_path):
+    run_dir = tmp_path / "two"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    train = subprocess.run([*torchrun, "-m", "eigtrain.train", *COMMON, f"run_dir={run_dir}",
+                            *source_overrides(data, "http")], env=clean_env(), capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path)
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert any(k.startswith("knn/") for r in read_metrics(run_dir) for k in r)
+    rr = subprocess.run([*torchrun, "-m", "eigtrain.rr_job", f"run_dir={run_dir}", "split=val", "num_workers=1",
+                         f"out={tmp_path / 'rr'}", "batch_size=8"], env=clean_env(), capture_output=True, text=True,
+                        timeout=300, cwd=tmp_path)
+    assert rr.returncode == 0, rr.stderr[-3000:]
+    assert json.loads((tmp_path / "rr" / "manifest.json").read_text())["n"] == N_VAL
+    assert os.path.exists(run_dir / "model.safetensors")
+
+
+# -- a sweep (-m) over data.shards: each point's directory is eigtrain-rr's and eigtrain-eval's run_dir ---------
+
+
+def test_a_sweep_point_is_named_alike_however_its_shards_are_quoted():
+    from eigtrain.schema import sweep_point
+
+    plain, quoted = "data.shards=/d/train-0.tar", "data.shards='/d/train-0.tar'"
+    double = 'data.shards="/d/train-0.tar"'
+    assert sweep_point([quoted, "seed=1"]) == sweep_point([plain, "seed=1"]) == sweep_point([double, "seed=1"])
+    listed_val = "data.val_shards=['/d/v-0.tar','/d/v-1.tar']"
+    assert "'" not in sweep_point(["data.shards='/d/train-{000000..000003}.tar'", listed_val])
+
+
+@pytest.mark.slow
+def test_a_sweep_over_quoted_shards_then_rr_and_eval_of_a_point(data, tmp_path):
+    train, val, _ = data["shards"]
+    sweep = tmp_path / "sweep"
+    out = subprocess.run([sys.executable, "-m", "eigtrain.train", "-m", *COMMON, f"run_dir={sweep}", "seed=0,1",
+                          *source_overrides(data, "shards")], env=clean_env(), capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    points = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(points) == 2 and all("'" not in p.name and (p / "model.safetensors").exists() for p in points)
+    assert rr_main([f"run_dir={points[0]}", "split=val", f"out={tmp_path / 'rr'}", "num_workers=1"]) == 0
+    assert json.loads((tmp_path / "rr" / "manifest.json").read_text())["n"] == N_VAL
+    assert eval_main([f"run_dir={points[1]}", f"out={tmp_path / 'eval'}", *EVAL]) == 0
