@@ -203,11 +203,38 @@ def _barrier() -> None:
 
 
 class Checkpointer:
-    """Collects the engine state, trainer counters and per-rank state into ``root/step-N/``."""
+    """Collects the engine state, trainer counters and per-rank state into ``root/step-N/``, and decides when:
+    every ``every`` steps (0: never periodically), at the last step, and at once on a stop signal."""
 
-    def __init__(self, root: Path, engine: Any, *, keep_last: int = 3, rank: int = 0, world_size: int = 1):
+    def __init__(self, root: Path, engine: Any, *, keep_last: int = 3, rank: int = 0, world_size: int = 1,
+                 every: int = 0, signal_check_every: int = 1):
         self.root, self.engine, self.keep_last = Path(root), engine, keep_last
         self.rank, self.world_size = rank, world_size
+        self.every, self.signal_check_every = every, signal_check_every
+        self.stop_requested = False  # a stop signal reached every rank: save now, then leave
+        self._periodic_waiting = False  # a periodic save not yet written (it waits for an applied update)
+        self._polled_step: int | None = None
+
+    def due(self, step: int, last_step: int) -> bool:
+        """Whether ``step`` asks for a save: periodic (or one still waiting), the last step, or a stop signal. Call
+        on every rank at every step (the same answer everywhere): it polls the stop flag, a collective every
+        ``signal_check_every`` steps in a process group; a second call at the same step polls nothing."""
+        if self._polled_step != step:
+            from eigtrain.dist import stop_requested
+
+            self._polled_step = step
+            self.stop_requested = stop_requested(poll=step % self.signal_check_every == 0)
+            self._periodic_waiting |= bool(self.every) and step % self.every == 0
+        return self._periodic_waiting or step == last_step or self.stop_requested
+
+    def should_save(self, step: int, last_step: int, applied: torch.Tensor | bool = True) -> bool:
+        """Whether to save after ``step``: when `due`, unless only a periodic save asks and the step's update was
+        not ``applied`` (after a skipped update the model's statistics may be NaN: the save waits for the next
+        applied one). The last step and a stop signal save regardless. ``applied`` (a device tensor) is read only
+        when a periodic save waits on it."""
+        save = self.due(step, last_step) and (step == last_step or self.stop_requested or bool(applied))
+        self._periodic_waiting &= not save
+        return save
 
     def save(self, step: int, trainer_state: Mapping[str, Any], rank_state: Mapping[str, Any]) -> Path:
         path = step_dir(self.root, step)

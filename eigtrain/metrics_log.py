@@ -14,7 +14,7 @@ import time
 import uuid
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -146,11 +146,49 @@ class Throughput:
         self._samples += samples
         self._wait += data_wait_s
 
+    def next(self, batches: Iterator[Any], samples: int) -> Any:
+        """The next batch of ``samples`` samples from ``batches``; the wait for it counts as data wait."""
+        t0 = time.perf_counter()
+        batch = next(batches)
+        self.add(samples, time.perf_counter() - t0)
+        return batch
+
     def read(self) -> tuple[float, float]:
         elapsed = max(time.perf_counter() - self._t0, 1e-9)
         rate, share = self._samples / elapsed, min(1.0, self._wait / elapsed)
         self.reset()
         return rate, share
+
+
+class Reporter:
+    """What training shows, and when: a metrics record (metrics.jsonl, wandb) and a progress line every ``every``
+    steps, at the last step, and at each step the monitor scores (its kNN accuracies join the record). Every rank
+    holds one and takes the same decisions (at a logging step every rank reads the skip counter); only the one
+    given a `MetricsLog` and a `Progress` (rank 0's) writes, and only it scores."""
+
+    def __init__(self, every: int, monitor: Any, metrics: MetricsLog | None = None, progress: Progress | None = None):
+        self.every, self.monitor, self.metrics, self.progress = every, monitor, metrics, progress
+        self.throughput = Throughput()
+
+    def due(self, step: int, last_step: int) -> bool:
+        return step % self.every == 0 or step == last_step or self.monitor.due(step, last_step)
+
+    def log(self, step: int, last_step: int, result: Any, lr: float, state: Any, model: Any) -> None:
+        """Record training ``result`` (a `StepResult`) at ``step``, with the loop's counters (``state``)."""
+        if self.metrics is None or self.progress is None:
+            return
+        rate, wait = self.throughput.read()
+        knn = self.monitor(model) if self.monitor.due(step, last_step) else {}  # kNN accuracy per prefix size
+        self.metrics.log(step, {"loss": result.loss, **result.terms, "lr": lr, "grad_norm": result.grad_norm,
+                                "samples": state.samples, "samples_per_s": rate, "data_wait": wait,
+                                "skipped_steps": state.skipped_steps, "skipped_batches": state.skipped_batches, **knn})
+        self.progress.update(step, loss=float(result.loss), samples_per_s=rate, data_wait=wait,
+                             eigenvalues=result.terms.get("eigenvalues"))
+
+    def close(self) -> None:
+        for part in (self.metrics, self.progress):
+            if part is not None:
+                part.close()
 
 
 # -- what produced this run ------------------------------------------------------------------------

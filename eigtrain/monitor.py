@@ -29,20 +29,28 @@ DEFAULTS = {"every": 0, "train_split": "train", "val_split": "val", "max_train_s
             "max_val_samples": 5000, "k": 20, "batch_size": 256}
 
 
-class KNNMonitor:
+class MonitorSchedule:
+    """When the monitor scores: every ``every`` steps and at the last step; never when ``every`` is 0. Every rank
+    holds one (a scored step is a logging step, at which every rank reads the skip counter); rank 0 scores."""
+
+    def __init__(self, every: int):
+        self.every = int(every or 0)
+
+    def due(self, step: int, last_step: int) -> bool:
+        return self.every > 0 and (step % self.every == 0 or step == last_step)
+
+
+class KNNMonitor(MonitorSchedule):
     def __init__(self, cfg: Mapping[str, Any], data: Mapping[str, Any], *, dim: int, seed: int, device: torch.device,
                  autocast, pairs: bool, cache_dir: Path | None = None):
         self.cfg = {**DEFAULTS, **{k: v for k, v in dict(cfg or {}).items() if v is not None}}
         check_splits(data, (self.cfg["train_split"], self.cfg["val_split"]))
         self.data, self.dim, self.seed, self.device, self.autocast, self.pairs = data, dim, seed, device, autocast, pairs
         self.cache_dir = cache_dir  # sample counts of shards without an index (as the training stream's)
-        self.every = int(self.cfg["every"])
+        super().__init__(self.cfg["every"])
         mean, std = NORMALIZATION[data["augment"]]
         self.normalize = build_augment("none", image_size=data.get("view_size"), mean=tuple(data.get("mean") or mean),
                                        std=tuple(data.get("std") or std)).to(device)
-
-    def due(self, step: int, end: int) -> bool:
-        return self.every > 0 and (step % self.every == 0 or step == end)
 
     @torch.no_grad()
     def _embed(self, encoder: nn.Module, split: str, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,13 +83,16 @@ class KNNMonitor:
         return {f"knn/{d}": knn_accuracy(train_z[:, :d], train_y, val_z[:, :d], val_y, k=k) for d in dims_for(self.dim)}
 
 
-def build_monitor(cfg, *, device: torch.device, autocast) -> KNNMonitor | None:
-    """The monitor of a training config, or None when ``monitor.every`` is 0 / null / absent."""
+def build_monitor(cfg, *, device: torch.device, autocast, scores: bool = True) -> MonitorSchedule:
+    """The monitor of a training config: a `KNNMonitor` on the rank that ``scores`` (rank 0), its schedule alone on
+    the others, and a schedule that never falls due when ``monitor.every`` is 0 / null / absent."""
     monitor_cfg = cfg.get("monitor") or {}
     if not monitor_cfg.get("every"):
-        return None
+        return MonitorSchedule(0)
     if cfg.engine.name == "deepspeed" and cfg.engine.get("zero_stage") == 3:
         raise ValueError("monitor.every > 0 is not available with engine.zero_stage=3 (rank 0 holds only its "
                          "partition of the weights); use zero_stage 1 or 2, or evaluate checkpoints afterwards")
+    if not scores:
+        return MonitorSchedule(monitor_cfg["every"])
     return KNNMonitor(monitor_cfg, cfg.data, dim=cfg.dim, seed=cfg.seed, device=device, autocast=autocast,
                       pairs=cfg.data.mode == "pairs", cache_dir=Path(cfg.run_dir) / "data")

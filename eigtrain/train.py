@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import shutil
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import hydra
 import torch
@@ -26,22 +26,19 @@ from eigtrain import dist
 from eigtrain.config_check import ConfigError, validate
 from eigtrain.data import CorruptDataError, build_augment
 from eigtrain.data import from_config as data_setup
-from eigtrain.engine import build_engine, chunks, lr_at
+from eigtrain.engine import build_engine, lr_at
 from eigtrain.engine.base import LossFn, accumulation_caveat, enable_cuda_fast_paths
-from eigtrain.metrics_log import MetricsLog, Progress, Throughput, stable_run_id, write_run_records
+from eigtrain.metrics_log import MetricsLog, Progress, Reporter, stable_run_id, write_run_records
 from eigtrain.models import build_encoder, use_sync_batch_norm
 from eigtrain.monitor import build_monitor
 from eigtrain.objectives import build_objective
 from eigtrain.redact import redact_config, redact_logs, redact_url, redact_yaml_file
-from eigtrain.skipped_batches import agreed_count, rows, stand_in
 from eigtrain.output_dirs import claim_run_dir
+from eigtrain.step_inputs import StepInputs
+from eigtrain.train_state import NonFiniteError, RankState, TrainState
 
 CONFIG_PACKAGE = "eigtrain.configs"  # configs/ of the repository, shipped inside the package (pyproject.toml)
 log = logging.getLogger("eigtrain.train")
-
-
-class NonFiniteError(RuntimeError):
-    """Too many steps with a non-finite loss or gradient."""
 
 
 def compose_config(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:
@@ -58,17 +55,23 @@ def prepare_data(cfg: DictConfig, rank: int, cache_dir: Path | None = None):
     return data_setup.prepare_data(cfg, rank, cache_dir, barrier=dist.barrier)
 
 
+class AutocastEncode:
+    """The encoder under the engine's autocast. Views: one forward over both (one pass through BatchNorm and the
+    wrapper); pairs: phi(x), psi(a)."""
+
+    def __init__(self, engine, pairs: bool):
+        self.engine, self.pairs = engine, pairs
+
+    def __call__(self, module, micro):
+        first, second = micro
+        with self.engine.autocast():
+            return module(first, second) if self.pairs else module(torch.cat([first, second])).chunk(2)
+
+
 def make_loss_fn(engine, objective, pairs: bool) -> LossFn:
     """loss_fn(module, (first, second)) for engine.train_step: encoder under autocast, objective in fp32
     (encode and objective apart, so that accumulation can evaluate the objective on the whole batch)."""
-
-    def encode(module, micro):
-        first, second = micro
-        with engine.autocast():
-            # Views: one forward over both (one pass through BatchNorm and the wrapper); pairs: phi(x), psi(a).
-            return module(first, second) if pairs else module(torch.cat([first, second])).chunk(2)
-
-    return LossFn(encode, objective)
+    return LossFn(AutocastEncode(engine, pairs), objective)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -98,8 +101,58 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             dist.destroy()
 
 
-def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, micro_batch: int, accum: int) -> dict[str, Any]:
-    rank, world, rank0, data, pairs = env.rank, env.world_size, env.rank == 0, cfg.data, cfg.data.mode == "pairs"
+@dataclass
+class Trainer:
+    """The components one rank trains with (`_setup`); each keeps its own state and decides its own timing."""
+
+    engine: Any
+    loss_fn: LossFn
+    inputs: StepInputs  # loader batch -> micro-batches on the device
+    batches: Iterator[dict]
+    state: TrainState  # step, samples, skip counters: trainer.json
+    rank_state: RankState  # data cursor and RNG: rank-R.pt
+    checkpoints: ckpt.Checkpointer  # when to save, and when a stop signal ends the run
+    report: Reporter  # when to log (and the monitor when to score)
+    resumed_from: Path | None
+    model_info: dict[str, Any]
+
+
+def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, micro_batch: int, accum: int
+           ) -> dict[str, Any]:
+    """The training loop: each step a batch, an update and the counters; each component says whether the step is its
+    turn (the reporter to log, the checkpointer to save or stop), alike on every rank."""
+    t = _setup(cfg, env, device, objective, micro_batch, accum)
+    state, checkpoints, report, end = t.state, t.checkpoints, t.report, min(cfg.steps, cfg.stop_after or cfg.steps)
+    saved, result = t.resumed_from, None
+    try:
+        while state.step < end and not checkpoints.stop_requested:
+            batch = report.throughput.next(t.batches, cfg.batch_size)
+            lr = lr_at(state.step, cfg.optim, cfg.steps)
+            micro_batches, usable = t.inputs(batch)
+            result = t.engine.train_step(micro_batches, t.loss_fn, lr, usable=usable)
+            step = state.advance(result.applied, usable)
+            log_due, save_due = report.due(step, end), checkpoints.due(step, end)
+            if log_due or save_due:  # the same on every rank: the only steps at which the host reads the device
+                state.read_skips(saved)
+            if log_due:
+                report.log(step, end, result, lr, state, t.engine.model)
+            if checkpoints.should_save(step, end, result.applied):
+                saved = checkpoints.save(step, state.state_dict(), t.rank_state.state_dict())
+        final_weights = t.engine.model_state_dict() if state.step == cfg.steps else None  # a collective for ZeRO-3
+        if env.rank == 0 and final_weights is not None:
+            ckpt.export_model(Path(cfg.run_dir) / ckpt.EXPORT_NAME, final_weights, {"step": state.step, **t.model_info})
+    finally:
+        report.close()
+    return {"step": state.step, "loss": float(result.loss) if result is not None else None,
+            "run_dir": str(Path(cfg.run_dir)), "checkpoint": str(saved) if saved else None,
+            "skipped_steps": state.skipped_steps, "skipped_batches": state.skipped_batches,
+            "stopped_on_signal": checkpoints.stop_requested}
+
+
+def _setup(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, micro_batch: int, accum: int
+           ) -> Trainer:
+    """Claim the run directory, prepare the data, build the model, engine, stream and augmentation; `_resume`."""
+    rank, world, rank0, data = env.rank, env.world_size, env.rank == 0, cfg.data
     run_dir = Path(cfg.run_dir)
     folder = cfg.launcher.get("folder")  # the Slurm launcher's logs: written there before the job started
     refused = dist.broadcast_object(claim_run_dir(run_dir, folder) if rank0 else None)  # before anything else
@@ -109,7 +162,8 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
     ckpt.seed_all(cfg.seed)  # the same initial weights on every rank
     model = build_encoder(cfg.model, cfg.dim, x_shape, a_shape)
     model = use_sync_batch_norm(model, cfg.model.sync_batch_norm, world, device)  # GPU jobs: on by default for ResNets
-    engine = build_engine(cfg.engine, cfg.optim, model, device=device, micro_batch_size=micro_batch, grad_accum_steps=accum)
+    engine = build_engine(cfg.engine, cfg.optim, model, device=device, micro_batch_size=micro_batch,
+                          grad_accum_steps=accum)
     stream = data_setup.build_stream(data, batch_size=cfg.batch_size // world, rank=rank, world_size=world,
                                      seed=cfg.seed, device=device, cache_dir=run_dir / "data")
     mean, std = (tuple(v) if v else None for v in (data.mean, data.std))
@@ -120,121 +174,39 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
              micro_batch, accum, sum(p.numel() for p in model.parameters()) / 1e6)
     if rank0 and (caveat := accumulation_caveat(model, accum)):
         log.warning(caveat)  # once, at start: the README's "what accumulation makes exact"
-
-    checkpoints = ckpt.Checkpointer(run_dir / "checkpoints", engine, keep_last=cfg.keep_last, rank=rank, world_size=world)
-    latest, trainer_state, rank_state = checkpoints.resume()
-    state = {"step": 0, "samples": 0, "skipped_steps": 0, "skipped_batches": 0, "wandb_id": None, **trainer_state}
-    if latest:
-        stream.load_state_dict(rank_state["data"])
-        if "rng" in rank_state:
-            ckpt.set_rng_state(rank_state["rng"], {"augment": generator})
-        log.info("resumed from %s (step %d)", latest, state["step"])
+    pairs = data.mode == "pairs"
+    inputs = StepInputs(augment, generator, device, pairs=pairs, accum=accum, split_batch=objective.split_batch,
+                        channels_last=engine.channels_last)
     model_info = {"dim": cfg.dim, "input_shape": list(x_shape), "context_shape": list(a_shape) if a_shape else None}
+    return _resume(cfg, env, device, engine, make_loss_fn(engine, objective, pairs), inputs, stream, model_info)
+
+
+def _resume(cfg: DictConfig, env: dist.DistEnv, device: torch.device, engine, loss_fn: LossFn, inputs: StepInputs,
+            stream, model_info: dict[str, Any]) -> Trainer:
+    """Resume from the newest complete checkpoint, if any; then rank 0 writes the run records and opens the logs."""
+    rank0, run_dir = env.rank == 0, Path(cfg.run_dir)
+    checkpoints = ckpt.Checkpointer(run_dir / "checkpoints", engine, keep_last=cfg.keep_last, rank=env.rank,
+                                    world_size=env.world_size, every=cfg.checkpoint_every,
+                                    signal_check_every=cfg.signal_check_every)
+    state = TrainState(device, batch_size=cfg.batch_size, max_nonfinite_steps=cfg.max_nonfinite_steps)
+    rank_state = RankState(stream, inputs.generator)
+    latest, trainer_state, saved_rank_state = checkpoints.resume()
+    if latest:
+        state.load_state_dict(trainer_state)
+        rank_state.load_state_dict(saved_rank_state)
+        log.info("resumed from %s (step %d)", latest, state.step)
+    metrics = progress = None
     if rank0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        state["wandb_id"] = stable_run_id(run_dir, state["wandb_id"])
+        state.wandb_id = stable_run_id(run_dir, state.wandb_id)
         write_run_records(run_dir, OmegaConf.to_yaml(redact_config(cfg)), model_info, Path(__file__).resolve().parent)
-        metrics = MetricsLog(run_dir, wandb_cfg=cfg.logging.wandb, run_id=state["wandb_id"],
-                             config=OmegaConf.to_container(cfg, resolve=True), resume_step=state["step"])
-        progress = Progress(cfg.steps, state["step"], enabled=cfg.logging.progress)
-
-    keep_multiple = accum * (2 if objective.split_batch else 1)
-
-    def inputs(batch: dict) -> tuple[list, bool]:
-        """uint8 batch -> device -> augmented, normalized views (or pairs) -> (micro-batches, usable). A batch left
-        with fewer than 2 samples per micro-batch by dropped corrupt samples is unusable: a stand-in of that size
-        keeps this rank in step with the others, and every rank skips the update (`eigtrain.skipped_batches`)."""
-        usable = rows(batch) - rows(batch) % keep_multiple >= 2 * accum
-        batch = batch if usable else stand_in(batch, 2 * accum)
-        if pairs:
-            x, a = (batch[k].to(device, non_blocking=True) for k in ("x", "a"))
-            first, second = augment.view(x, generator, 0), (augment.view(a, generator, 1) if a.dtype == torch.uint8 else a)
-        else:
-            sizes = batch.get("size")  # data.image_fit=whole: each image's valid region, crops come from all of it
-            sizes = None if sizes is None else sizes.to(device, non_blocking=True)  # once for both views
-            first, second = augment(batch["image"].to(device, non_blocking=True), generator=generator, sizes=sizes)
-        keep = len(first) - len(first) % keep_multiple  # a batch shortened by dropped corrupt samples
-        first, second = first[:keep], second[:keep]
-        if engine.channels_last and first.ndim == 4:
-            first, second = (t.contiguous(memory_format=torch.channels_last) for t in (first, second))
-        return list(zip(chunks(first, accum), chunks(second, accum))), usable
-
-    loss_fn, end = make_loss_fn(engine, objective, pairs), min(cfg.steps, cfg.stop_after or cfg.steps)
-    monitor_every = int((cfg.get("monitor") or {}).get("every") or 0)
-    monitor = build_monitor(cfg, device=device, autocast=engine.autocast) if rank0 else None
-    throughput, batches = Throughput(), iter(stream)
-    saved, pending_save, stop, result = latest or None, False, False, None
-    # Skipped updates since the host last looked: a device counter, read (one synchronisation) only at logging,
-    # checkpoint and stop steps, so an ordinary step never waits for the GPU.
-    unread_skips = torch.zeros((), dtype=torch.int64, device=device)
-    unusable_steps: list[int] = []  # this rank's steps on a stand-in batch since the last check
-
-    def count_skips(step: int) -> None:
-        skips = int(unread_skips.item())
-        if not skips:  # the same on every rank: an unusable batch on any rank made every rank skip
-            return
-        unread_skips.zero_()
-        unusable = agreed_count(unusable_steps)
-        unusable_steps.clear()
-        if unusable:
-            state["skipped_batches"] += unusable
-            log.warning("step %d: %d step(s) skipped since the last check for a batch without enough usable samples "
-                        "on some rank (%d so far; data.max_corrupt bounds the unusable samples)", step, unusable,
-                        state["skipped_batches"])
-        if skips == unusable:
-            return
-        state["skipped_steps"] += skips - unusable
-        log.warning("step %d: non-finite loss or gradient, %d update(s) skipped since the last check (%d so far)",
-                    step, skips - unusable, state["skipped_steps"])
-        if state["skipped_steps"] > cfg.max_nonfinite_steps:
-            raise NonFiniteError(
-                f"{state['skipped_steps']} steps had a non-finite loss or gradient, more than "
-                f"max_nonfinite_steps={cfg.max_nonfinite_steps}; stopped at step {step}; last good checkpoint: {saved}")
-
-    try:
-        while state["step"] < end and not stop:
-            t0 = time.perf_counter()
-            batch = next(batches)
-            throughput.add(cfg.batch_size, time.perf_counter() - t0)
-            lr = lr_at(state["step"], cfg.optim, cfg.steps)
-            micro_batches, usable = inputs(batch)
-            result = engine.train_step(micro_batches, loss_fn, lr, usable=usable)
-            unusable_steps += [] if usable else [state["step"] + 1]
-            unread_skips += ~torch.as_tensor(result.applied, device=device)
-            state["step"], state["samples"] = state["step"] + 1, state["samples"] + cfg.batch_size
-            step = state["step"]
-            # A signal on any rank: save now, on all ranks, and leave (the ranks agree every signal_check_every steps)
-            stop = dist.stop_requested(poll=step % cfg.signal_check_every == 0)
-            pending_save = pending_save or step % cfg.checkpoint_every == 0
-            monitored = monitor_every > 0 and (step % monitor_every == 0 or step == end)
-            logging_step = step % cfg.log_every == 0 or step == end or monitored
-            applied = True
-            if logging_step or pending_save or stop:  # the same decision on every rank
-                count_skips(step)
-                applied = bool(result.applied)
-            if rank0 and logging_step:
-                rate, wait = throughput.read()
-                knn = monitor(engine.model) if monitored else {}  # kNN accuracy per prefix size (monitor.every)
-                metrics.log(step, {"loss": result.loss, **result.terms, "lr": lr, "grad_norm": result.grad_norm,
-                                   "samples": state["samples"], "samples_per_s": rate, "data_wait": wait,
-                                   "skipped_steps": state["skipped_steps"],
-                                   "skipped_batches": state["skipped_batches"], **knn})
-                progress.update(step, loss=float(result.loss), samples_per_s=rate, data_wait=wait,
-                                eigenvalues=result.terms.get("eigenvalues"))
-            # No periodic checkpoint right after a skipped update (statistics may be NaN); the last one always.
-            if (pending_save and applied) or step == end or stop:
-                saved = checkpoints.save(step, state, {"rng": ckpt.rng_state({"augment": generator}), "data": stream.state_dict()})
-                pending_save = False
-        final_weights = engine.model_state_dict() if state["step"] == cfg.steps else None  # a collective for ZeRO-3
-        if rank0 and final_weights is not None:
-            ckpt.export_model(run_dir / ckpt.EXPORT_NAME, final_weights, {"step": state["step"], **model_info})
-    finally:
-        if rank0:
-            metrics.close()
-            progress.close()
-    return {"step": state["step"], "loss": float(result.loss) if result is not None else None, "run_dir": str(run_dir),
-            "checkpoint": str(saved) if saved else None, "skipped_steps": state["skipped_steps"],
-            "skipped_batches": state["skipped_batches"], "stopped_on_signal": stop}
+        metrics = MetricsLog(run_dir, wandb_cfg=cfg.logging.wandb, run_id=state.wandb_id,
+                             config=OmegaConf.to_container(cfg, resolve=True), resume_step=state.step)
+        progress = Progress(cfg.steps, state.step, enabled=cfg.logging.progress)
+    monitor = build_monitor(cfg, device=device, autocast=engine.autocast, scores=rank0)  # kNN scores on rank 0
+    report = Reporter(cfg.log_every, monitor, metrics, progress)
+    return Trainer(engine, loss_fn, inputs, iter(stream), state, rank_state, checkpoints, report, latest or None,
+                   model_info)
 
 
 def _job_world_size(cfg: DictConfig) -> int:

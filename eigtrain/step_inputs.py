@@ -1,0 +1,41 @@
+"""One loader batch -> the engine's micro-batches: to the device, augmented into two views (or a pair), trimmed to
+a multiple of the micro-batch count, split."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from eigtrain.engine import chunks
+from eigtrain.skipped_batches import rows, stand_in
+
+
+class StepInputs:
+    """uint8 batch -> device -> augmented, normalized views (or pairs) -> (micro-batches, usable). A batch left with
+    fewer than 2 samples per micro-batch by dropped corrupt samples is unusable: a stand-in of that size keeps this
+    rank in step with the others, and every rank skips the update (`eigtrain.skipped_batches`)."""
+
+    def __init__(self, augment: Any, generator: torch.Generator, device: torch.device, *, pairs: bool, accum: int,
+                 split_batch: bool, channels_last: bool):
+        self.augment, self.generator, self.device, self.pairs = augment, generator, device, pairs
+        self.accum, self.channels_last = accum, channels_last
+        self.keep_multiple = accum * (2 if split_batch else 1)  # split-batch (even/odd) estimators: even sizes
+
+    def __call__(self, batch: dict) -> tuple[list, bool]:
+        accum, device, generator = self.accum, self.device, self.generator
+        usable = rows(batch) - rows(batch) % self.keep_multiple >= 2 * accum
+        batch = batch if usable else stand_in(batch, 2 * accum)
+        if self.pairs:
+            x, a = (batch[k].to(device, non_blocking=True) for k in ("x", "a"))
+            first = self.augment.view(x, generator, 0)
+            second = self.augment.view(a, generator, 1) if a.dtype == torch.uint8 else a
+        else:
+            sizes = batch.get("size")  # data.image_fit=whole: each image's valid region, crops come from all of it
+            sizes = None if sizes is None else sizes.to(device, non_blocking=True)  # once for both views
+            first, second = self.augment(batch["image"].to(device, non_blocking=True), generator=generator, sizes=sizes)
+        keep = len(first) - len(first) % self.keep_multiple  # a batch shortened by dropped corrupt samples
+        first, second = first[:keep], second[:keep]
+        if self.channels_last and first.ndim == 4:
+            first, second = (t.contiguous(memory_format=torch.channels_last) for t in (first, second))
+        return list(zip(chunks(first, accum), chunks(second, accum))), usable
