@@ -6,6 +6,7 @@ the schema's job (eigtrain/schema.py); this adds the choices and the combination
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterable
 
 import torch
@@ -13,6 +14,7 @@ from omegaconf import DictConfig
 
 from eigtrain.data.augment import PRESETS
 from eigtrain.data.from_config import check_data, check_splits
+from eigtrain.data.index import INDEX_NAME, read_index
 from eigtrain.engine import ENGINES, OPTIMIZERS, PRECISIONS, SCHEDULES
 from eigtrain.engine.deepspeed_zero import ZERO_STAGES
 from eigtrain.metrics_log import WANDB_MODES
@@ -81,6 +83,19 @@ def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
         check_data(cfg.data, world_size, cfg.batch_size // world_size)
         if cfg.monitor.every:  # data.shards: the monitor's val split is data.val_shards, never the training shards
             check_splits(cfg.data, (cfg.monitor.train_split, cfg.monitor.val_split))
+            _check_monitor_splits_in_index(cfg)
     except ValueError as exn:
         raise ConfigError(str(exn)) from None
     return micro, cfg.batch_size // (world_size * micro)
+
+
+def _check_monitor_splits_in_index(cfg: DictConfig) -> None:
+    """data.root's index, when it is already written, holds the monitor's splits: a missing one stopped the run
+    at the monitor's set-up, after the run directory was claimed, with a message that did not name the key."""
+    if cfg.data.get("shards") or not (Path(cfg.data.root) / INDEX_NAME).is_file():
+        return
+    available = read_index(cfg.data.root).splits
+    for key in ("train_split", "val_split"):
+        if cfg.monitor[key] not in available:
+            raise ConfigError(f"monitor.{key}={cfg.monitor[key]} is not a split of data.root={cfg.data.root}; "
+                              f"its index.json has: {', '.join(sorted(available))}")

@@ -98,6 +98,9 @@ class RRJobConfig:
             raise ValueError(f"rank_rtol={self.rank_rtol} must lie in (0, 1)")
         if (self.embeddings or self.encoder.name) and not self.out:
             raise ValueError(f"{given[0]}= needs out=DIR for the export")
+        if self.embeddings and self.split != "train":  # the files are the data: there is no other split to read
+            raise ValueError(f"split={self.split} does not apply to embeddings= (every row of the files is read); "
+                             "give the split's own files instead")
         if self.encoder.name:
             if bool(self.data.root) == bool(self.data.shards):
                 raise ValueError("encoder= needs exactly one of data.root=DIR (eigtrain shards) or data.shards=PATTERN")

@@ -338,3 +338,23 @@ def test_a_sweep_over_quoted_shards_then_rr_and_eval_of_a_point(data, tmp_path):
     assert rr_main([f"run_dir={points[0]}", "split=val", f"out={tmp_path / 'rr'}", "num_workers=1"]) == 0
     assert json.loads((tmp_path / "rr" / "manifest.json").read_text())["n"] == N_VAL
     assert eval_main([f"run_dir={points[1]}", f"out={tmp_path / 'eval'}", *EVAL]) == 0
+
+
+def test_rr_embedding_files_refuse_a_split_they_do_not_have(tmp_path, capsys):
+    path = tmp_path / "emb.npz"
+    np.savez(path, z1=np.ones((10, 2)), z2=np.ones((10, 2)))
+    assert rr_main([f"embeddings={path}", "split=val", f"out={tmp_path / 'rr'}"]) == 2  # exported all rows before
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "split=val does not apply to embeddings=" in err
+    assert not (tmp_path / "rr").exists()
+
+
+def test_a_monitor_split_missing_from_data_root_is_a_config_error_before_the_run_starts(data, tmp_path):
+    from eigtrain.config_check import ConfigError
+    from eigtrain.train import compose_config, run
+
+    run_dir = tmp_path / "run"
+    cfg = compose_config([*COMMON, f"run_dir={run_dir}", *source_overrides(data, "root"), "monitor.val_split=test"])
+    with pytest.raises(ConfigError, match=r"monitor\.val_split=test is not a split of data\.root=.*: train, val$"):
+        run(cfg)  # stopped at the monitor's set-up before, naming no key, the run directory claimed
+    assert not run_dir.exists()
