@@ -212,7 +212,11 @@ def test_killed_tasks_are_named_with_slurms_reason_and_how_srun_ended_them(slurm
         wait(job, poll_s=0.5, timeout_s=90)
     message = str(failure.value)
     assert f"Slurm job {job.job_id} ended (FAILED, NonZeroExitCode, exit " in message, message
-    assert "task 0: no result; srun: Killed" in message and "task 1: no result; srun: Killed" in message, message
+    # Both tasks kill themselves at once; one whose peer died first may be ended by --kill-on-bad-exit before it
+    # gets there (under load, task start-up is skewed), and is then named with srun's "Terminated".
+    ended = re.findall(r"task (\d): no result; srun: (\w+)", message)
+    assert sorted(task for task, _ in ended) == ["0", "1"] and ("Killed" in dict(ended).values()), message
+    assert set(dict(ended).values()) <= {"Killed", "Terminated"}, message
 
 
 # ------------------------------------------------------------------------------------------------
