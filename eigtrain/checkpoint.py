@@ -212,6 +212,7 @@ class Checkpointer:
         self.rank, self.world_size = rank, world_size
         self.every, self.signal_check_every = every, signal_check_every
         self.stop_requested = False  # a stop signal reached every rank: save now, then leave
+        self.last_saved: Path | None = None  # the newest complete checkpoint: written or resumed from
         self._periodic_waiting = False  # a periodic save not yet written (it waits for an applied update)
         self._polled_step: int | None = None
 
@@ -257,6 +258,7 @@ class Checkpointer:
         if self.rank == 0:
             mark_complete(path, {"step": step, "world_size": self.world_size})
             prune(self.root, self.keep_last)
+        self.last_saved = path
         return path
 
     def resume(self) -> tuple[Path | None, dict[str, Any], dict[str, Any]]:
@@ -267,7 +269,8 @@ class Checkpointer:
         if self.rank == 0:
             remove_incomplete(self.root)
         latest = broadcast_object(str(latest_checkpoint(self.root) or "") if self.rank == 0 else None)
-        return (Path(latest), *self.load(Path(latest))) if latest else (None, {}, {})
+        self.last_saved = Path(latest) if latest else None
+        return (self.last_saved, *self.load(self.last_saved)) if self.last_saved else (None, {}, {})
 
     def load(self, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         """Restore the engine from ``path``; return (trainer_state, this rank's state)."""

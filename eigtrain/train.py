@@ -113,7 +113,6 @@ class Trainer:
     rank_state: RankState  # data cursor and RNG: rank-R.pt
     checkpoints: ckpt.Checkpointer  # when to save, and when a stop signal ends the run
     report: Reporter  # when to log (and the monitor when to score)
-    resumed_from: Path | None
     model_info: dict[str, Any]
 
 
@@ -123,7 +122,7 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
     turn (the reporter to log, the checkpointer to save or stop), alike on every rank."""
     t = _setup(cfg, env, device, objective, micro_batch, accum)
     state, checkpoints, report, end = t.state, t.checkpoints, t.report, min(cfg.steps, cfg.stop_after or cfg.steps)
-    saved, result = t.resumed_from, None
+    result = None
     try:
         while state.step < end and not checkpoints.stop_requested:
             batch = report.throughput.next(t.batches, cfg.batch_size)
@@ -133,18 +132,19 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
             step = state.advance(result.applied, usable)
             log_due, save_due = report.due(step, end), checkpoints.due(step, end)
             if log_due or save_due:  # the same on every rank: the only steps at which the host reads the device
-                state.read_skips(saved)
+                state.read_skips(checkpoints.last_saved)
             if log_due:
                 report.log(step, end, result, lr, state, t.engine.model)
             if checkpoints.should_save(step, end, result.applied):
-                saved = checkpoints.save(step, state.state_dict(), t.rank_state.state_dict())
+                checkpoints.save(step, state.state_dict(), t.rank_state.state_dict())
         final_weights = t.engine.model_state_dict() if state.step == cfg.steps else None  # a collective for ZeRO-3
         if env.rank == 0 and final_weights is not None:
             ckpt.export_model(Path(cfg.run_dir) / ckpt.EXPORT_NAME, final_weights, {"step": state.step, **t.model_info})
     finally:
         report.close()
     return {"step": state.step, "loss": float(result.loss) if result is not None else None,
-            "run_dir": str(Path(cfg.run_dir)), "checkpoint": str(saved) if saved else None,
+            "run_dir": str(Path(cfg.run_dir)),
+            "checkpoint": str(checkpoints.last_saved) if checkpoints.last_saved else None,
             "skipped_steps": state.skipped_steps, "skipped_batches": state.skipped_batches,
             "stopped_on_signal": checkpoints.stop_requested}
 
@@ -205,8 +205,7 @@ def _resume(cfg: DictConfig, env: dist.DistEnv, device: torch.device, engine, lo
         progress = Progress(cfg.steps, state.step, enabled=cfg.logging.progress)
     monitor = build_monitor(cfg, device=device, autocast=engine.autocast, scores=rank0)  # kNN scores on rank 0
     report = Reporter(cfg.log_every, monitor, metrics, progress)
-    return Trainer(engine, loss_fn, inputs, iter(stream), state, rank_state, checkpoints, report, latest or None,
-                   model_info)
+    return Trainer(engine, loss_fn, inputs, iter(stream), state, rank_state, checkpoints, report, model_info)
 
 
 def _job_world_size(cfg: DictConfig) -> int:
