@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import EXPORT_NAME, latest_checkpoint, load_encoder
 from .data import ShardStream, StreamOptions, build_augment, read_index
-from .data.from_config import build_stream, split_shards, split_source, uses_shards
+from .data.from_config import DataConfigError, build_stream, split_shards, split_source, uses_shards
 from .data.pipe_trust import SOURCE_KEYS, check_saved_sources
 from .redact import saved_value_usable
 from .data.augment import NORMALIZATION
@@ -56,6 +56,9 @@ def open_run(run_dir: str | None = None, checkpoint: str | None = None, device: 
     encoder = load_encoder(run, step).to(device)
     cfg = OmegaConf.load(run / "config.yaml")
     given = {k: v for k, v in (data or {}).items() if k in SOURCE_KEYS and v is not None}
+    if given.get("val_shards") is not None and not (given.get("shards") or cfg.data.get("shards")):
+        raise DataConfigError(f"data.val_shards goes with data.shards: {run} was trained on data.root="
+                              f"{cfg.data.root}, whose split 'val' is read without it")  # it was ignored silently
     for key, value in given.items():
         cfg.data[key] = value
     return TrainedRun(run, cfg, encoder, step or run / EXPORT_NAME, frozenset(given),

@@ -516,6 +516,9 @@ def evaluate(cfg) -> tuple[dict, dict]:
     rr_dir = cfg.rr or (Path(cfg.run_dir) / "rr" if cfg.run_dir else None)
     if rr_dir and (Path(rr_dir) / "rr.safetensors").exists():
         head = load_head(rr_dir, dtype=torch.float64)
+        if head.transform.shape[0] != train_z.shape[1]:  # e.g. rr= another model's export: say so, not torch's shapes
+            raise ValueError(f"the Rayleigh-Ritz export {rr_dir} was fitted on {head.transform.shape[0]}-dimensional "
+                             f"embeddings; this run's encoder gives {train_z.shape[1]} (rr= must be this run's export)")
         train["rr"], test["rr"] = head(train_z.double()).float(), head(test_z.double()).float()
         if "paper_transform" in safe_open(str(Path(rr_dir) / "rr.safetensors"), "pt").keys():  # both conventions
             paper = load_head(rr_dir, dtype=torch.float64, convention="paper")

@@ -358,3 +358,24 @@ def test_a_monitor_split_missing_from_data_root_is_a_config_error_before_the_run
     with pytest.raises(ConfigError, match=r"monitor\.val_split=test is not a split of data\.root=.*: train, val$"):
         run(cfg)  # stopped at the monitor's set-up before, naming no key, the run directory claimed
     assert not run_dir.exists()
+
+
+def test_val_shards_on_the_command_line_of_a_data_root_run_are_refused(runs, data, tmp_path, capsys):
+    _, val, _ = data["shards"]
+    capsys.readouterr()
+    assert eval_main([f"run_dir={runs['root']}", f"data.val_shards={listed(val)}", f"out={tmp_path / 'e'}", *EVAL]) == 2
+    assert rr_main([f"run_dir={runs['root']}", f"data.val_shards={listed(val)}", "split=val",
+                    f"out={tmp_path / 'r'}"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()  # both scored data.root's split val, ignoring them
+    assert len(lines) == 2 and all("data.val_shards goes with data.shards" in line for line in lines), lines
+    assert not (tmp_path / "e").exists() and not (tmp_path / "r").exists()
+
+
+def test_eval_with_another_models_rr_export_names_both_widths(runs, data, tmp_path, capsys):
+    other = tmp_path / "rr12"  # the user model's 12-dimensional export, not this 16-dimensional run's
+    assert rr_main([f"encoder={USER_MODEL}", "encoder.kwargs.channels=1", *encoder_data_args(data, "root"),
+                    f"out={other}", "num_workers=0"]) == 0
+    capsys.readouterr()
+    assert eval_main([f"run_dir={runs['root']}", f"rr={other}", f"out={tmp_path / 'e'}", *EVAL]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "fitted on 12-dimensional embeddings; this run's encoder gives 16" in err
