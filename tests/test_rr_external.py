@@ -87,7 +87,9 @@ def test_timm_model_on_foreign_shards_same_on_one_and_two_ranks(foreign_shards, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = (load_file(str(tmp_path / d / "rr.safetensors")) for d in ("one", "two"))
     for key in one:  # float64 sums merged in another order: equal up to rounding
-        scale = one[key].abs().max().item()
+        # The paper's convention solves on the raw span, whose Gram the mean direction makes far worse conditioned
+        # than the centered one: rounding moves its eigenvectors ~25x more (measured 5e-7 of 205 vs 2e-8 of 188).
+        scale = one[key].abs().max().item() * (10 if key.startswith("paper_") else 1)
         torch.testing.assert_close(two[key], one[key], rtol=0, atol=1e-9 * scale, msg=key)
     assert json.loads((tmp_path / "two" / "manifest.json").read_text())["n"] == N
 
