@@ -11,7 +11,7 @@ from eigtrain.data import ShardError, ShardStream, StreamOptions
 from tests.test_data_foreign import CLASSES, PATTERN, PER_CLASS, train_overrides, write_class_ordered
 
 boto3 = pytest.importorskip("boto3")
-pytest.importorskip("s3fs")
+s3fs = pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 
@@ -27,6 +27,7 @@ def bucket(tmp_path_factory):
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    s3fs.S3FileSystem.clear_instance_cache()  # a filesystem cached by an earlier test would keep its old endpoint
     client = boto3.client("s3")
     client.create_bucket(Bucket="data")
     for path in sorted(write_class_ordered(tmp_path_factory.mktemp("upload")).glob("*.tar")):
