@@ -99,3 +99,23 @@ def bytes_per_vector(k: int) -> dict[str, int]:
     """Storage of one k-dimensional vector: float32, float16, int8 (scalar quantization; the per-dimension
     scales are stored once per index, not per vector)."""
     return {"fp32": 4 * k, "fp16": 2 * k, "int8": k}
+
+
+def retrieval_report(train, test, train_y, test_y, dims, prefixes, fixed, subsets, draws, backend) -> dict:
+    """Retrieval per method and k; storage and measured search time per k (on the first ordered features)."""
+    metrics = lambda tr, te: retrieval_metrics(tr, train_y, te, test_y, backend=backend)  # noqa: E731
+    rows: dict[str, dict[int, dict[str, float]]] = {}
+    for label, name in prefixes.items():
+        rows[label] = {k: metrics(train[name][:, :k], test[name][:, :k]) for k in dims}
+    if fixed:
+        rows["FF"] = {k: metrics(*fixed[k]) for k in dims if k in fixed}
+    if subsets and draws > 0:
+        rows["RS"] = {}
+        for k in dims:
+            runs = [metrics(train["raw"][:, s], test["raw"][:, s]) for s in subsets[k][:draws]]
+            rows["RS"][k] = {m: sum(r[m] for r in runs) / len(runs) for m in runs[0]}
+    timed = next(iter(prefixes.values()), "raw")  # search time depends on k and the sizes, not on the method
+    seconds = {k: search_seconds_per_query(train[timed][:, :k], test[timed][:, :k], 10, backend) for k in dims}
+    storage = {k: {**bytes_per_vector(k), "search_us_per_query": 1e6 * seconds[k]} for k in dims}
+    return {"retrieval": rows, "storage": storage,
+            "retrieval_setup": {"backend": backend, "database": len(train_y), "queries": len(test_y), "rs_draws": draws}}

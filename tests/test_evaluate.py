@@ -3,7 +3,9 @@
 import torch
 from PIL import Image
 
-from eigtrain.evaluate import adaptive_dimension_table, dims_for, knn_accuracy, probe_accuracy, write_report
+from eigtrain.eval_report import write_report
+from eigtrain.evaluate import adaptive_dimension_table
+from eigtrain.probes import dims_for, knn_accuracy, probe_accuracy
 
 
 def _blobs(n=600, d=16, informative=4, seed=0):

@@ -12,7 +12,7 @@ import pytest
 from eigtrain import checkpoint as ckpt
 from eigtrain.data.shards import shard_counts
 from eigtrain.data.write import main as shards_main
-from eigtrain.evaluate import write_report
+from eigtrain.eval_report import write_report
 from eigtrain.export import EXPORT_FORMAT
 from eigtrain.output_dirs import RUN_MARK, claim_run_dir
 from eigtrain.rr_job import main as rr_main

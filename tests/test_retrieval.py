@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from eigtrain.evaluate import fit_pca, pca_features, smallest_k_within
+from eigtrain.probes import fit_pca, pca_features, smallest_k_within
 from eigtrain.retrieval import bytes_per_vector, resolve_backend, retrieval_metrics, search, search_seconds_per_query
 
 

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from eigtrain.embed import embed_split, open_run
-from eigtrain.evaluate import constant_share
+from eigtrain.probes import constant_share
 from eigtrain.train import compose_config, run
 
 VARIANTS = {

@@ -1,0 +1,152 @@
+"""What k features are worth to a classifier: linear probes (SGD or closed form) on frozen features, PCA of an
+embedding, weighted kNN, the smallest k within X points, each feature's constant share and the k the spectrum
+suggests. Pure tensor code: eigtrain-eval (`eigtrain.evaluate`) and the online monitor call it."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import torch
+
+from .objectives.nesting import mrl_prefixes
+from .rayleigh_ritz import spectral_k_report
+
+F32 = torch.float32
+
+
+def dims_for(d: int) -> list[int]:
+    """{4, 8, 16, ..., d} (d always included): the paper's representation sizes."""
+    return mrl_prefixes(d)
+
+
+def _standardize(train: torch.Tensor, test: torch.Tensor):
+    mean, std = train.mean(-2, keepdim=True), train.std(-2, keepdim=True).clamp_min(1e-8)
+    return (train - mean) / std, (test - mean) / std
+
+
+def probe_accuracy(
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    test_x: torch.Tensor,
+    test_y: torch.Tensor,
+    probe: str = "sgd",
+    epochs: int = 50,
+    lr: float = 0.1,
+    momentum: float = 0.9,
+    weight_decay: float = 1e-4,
+    batch_size: int = 256,
+    ridge: float = 1e-3,
+    seed: int = 0,
+) -> torch.Tensor:
+    """Test accuracy of linear probes. Inputs (n, k) or a stack of R independent problems (R, n, k);
+    returns a tensor of R accuracies (R = 1 for 2-D input). The R probes train in parallel."""
+    if probe not in ("sgd", "closed_form"):
+        raise ValueError(f"probe={probe!r} is unknown; allowed: sgd, closed_form")
+    squeeze = train_x.ndim == 2
+    if squeeze:
+        train_x, test_x = train_x[None], test_x[None]
+    train_x, test_x = _standardize(train_x.to(F32), test_x.to(F32))
+    classes = int(max(train_y.max(), test_y.max())) + 1
+    reps, n, k = train_x.shape
+    xb = torch.cat([train_x, torch.ones(reps, n, 1)], -1)  # bias column
+    onehot = torch.nn.functional.one_hot(train_y.long(), classes).to(F32)
+
+    if probe == "closed_form":
+        gram = xb.transpose(1, 2) @ xb + ridge * n * torch.eye(k + 1)
+        w = torch.linalg.solve(gram, xb.transpose(1, 2) @ onehot.expand(reps, n, classes))
+    else:  # softmax regression; the gradient is written out (no autograd) to keep the probe cheap
+        gen = torch.Generator().manual_seed(seed)
+        w = torch.zeros(reps, k + 1, classes)
+        velocity = torch.zeros_like(w)
+        total, step = epochs * math.ceil(n / batch_size), 0
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=gen)
+            for s in range(0, n, batch_size):
+                idx = order[s : s + batch_size]
+                x = xb[:, idx]
+                residual = torch.softmax(x @ w, -1) - onehot[idx]
+                grad = x.transpose(1, 2) @ residual / len(idx) + weight_decay * w
+                velocity.mul_(momentum).add_(grad)
+                w.sub_(velocity, alpha=lr * 0.5 * (1 + math.cos(math.pi * step / total)))  # cosine schedule
+                step += 1
+    test_b = torch.cat([test_x, torch.ones(reps, len(test_y), 1)], -1)
+    acc = ((test_b @ w).argmax(-1) == test_y.long()).to(F32).mean(-1)
+    return acc
+
+
+def _row_blocks(x: torch.Tensor, block: int = 65536):
+    """float64 copies of `block` rows at a time (never the whole matrix in float64)."""
+    for s in range(0, len(x), block):
+        yield x[s : s + block].to(torch.float64)
+
+
+def fit_pca(train: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean, components (d, d) as columns, variances), components by decreasing variance, from the float64
+    covariance; each component's largest-magnitude entry is positive (deterministic signs)."""
+    n, d = train.shape
+    mean = sum(b.sum(0) for b in _row_blocks(train)) / n
+    scatter = torch.zeros(d, d, dtype=torch.float64)
+    for b in _row_blocks(train):
+        scatter += (b - mean).T @ (b - mean)
+    variances, components = torch.linalg.eigh(scatter / max(n - 1, 1))
+    variances, components = variances.flip(0), components.flip(1)
+    signs = torch.sign(components.gather(0, components.abs().argmax(0, keepdim=True)))
+    return mean, components * torch.where(signs == 0, 1.0, signs), variances
+
+
+def pca_features(train: torch.Tensor, test: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both splits projected on the training embedding's principal components (float32)."""
+    mean, components, _ = fit_pca(train)
+    project = lambda x: torch.cat([((b - mean) @ components).float() for b in _row_blocks(x)])  # noqa: E731
+    return project(train), project(test)
+
+
+def smallest_k_within(row: Mapping[int, float], points: float) -> int | None:
+    """The smallest k whose value is within `points` percentage points of the value at the largest k."""
+    if not row:
+        return None
+    full = row[max(row)]
+    return min(k for k, v in row.items() if v >= full - points / 100)
+
+
+def knn_accuracy(train_x, train_y, test_x, test_y, k: int = 20, temperature: float = 0.07) -> float:
+    """Weighted cosine kNN (the usual SSL protocol: k=20, weights exp(sim / 0.07))."""
+    a = torch.nn.functional.normalize(train_x.to(F32), dim=1)
+    b = torch.nn.functional.normalize(test_x.to(F32), dim=1)
+    classes = int(max(train_y.max(), test_y.max())) + 1
+    sims, idx = (b @ a.T).topk(min(k, len(a)), dim=1)
+    votes = torch.zeros(len(b), classes).scatter_add_(1, train_y.long()[idx], (sims / temperature).exp())
+    return (votes.argmax(1) == test_y.long()).to(F32).mean().item()
+
+
+
+
+def constant_share(features: torch.Tensor) -> list[float]:
+    """Per feature, the share of its second moment that is constant across the set: E[f]^2 / E[f^2] (1: a
+    constant feature, 0: mean zero)."""
+    f = features.double()
+    return (f.mean(0) ** 2 / (f.pow(2).mean(0)).clamp_min(1e-300)).tolist()
+
+
+def constant_shares(test, prefixes, fixed, first: int = 8) -> dict[str, list[float]]:
+    """constant_share of the first `first` features of every method on the validation split (FF: each k's
+    model, raw: the embedding's own coordinates, what RS draws from)."""
+    rows = {label: constant_share(test[name][:, :first]) for label, name in prefixes.items()}
+    rows.update({f"FF k={k}": constant_share(te[:, :first]) for k, (_, te) in sorted((fixed or {}).items())})
+    if "raw" in test:
+        rows["raw"] = constant_share(test["raw"][:, :first])
+    return rows
+
+
+def spectrum_report(eigenvalues: torch.Tensor, dims: list[int], measured: Mapping[str, int | None]) -> dict:
+    """The k the export's eigenvalues suggest (beyond the trivial mode), rounded up to the evaluated sizes, beside
+    the k the probes measured (smallest k within 1 / 5 points of RR at full size): agree = same size."""
+    on_grid = lambda k: min((d for d in dims if d >= k), default=max(dims))  # noqa: E731
+    rows = {}
+    for key, k in spectral_k_report(eigenvalues).items():
+        rows[key] = {"k": k, "k_on_grid": on_grid(k),
+                     **{f"agrees_{x}pt": on_grid(k) == measured.get(f"accuracy_within_{x}pt") for x in (1, 5)}}
+    return {"suggested": rows, "measured": {f"{x}pt": measured.get(f"accuracy_within_{x}pt") for x in (1, 5)}}
+
+
