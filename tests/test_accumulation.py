@@ -17,7 +17,7 @@ from eigtrain.engine import chunks
 from eigtrain.engine.base import LossFn, accumulated_backward, accumulation_caveat
 from eigtrain.engine.ddp import DDPEngine
 from eigtrain.objectives import build_objective
-from tests.test_train_support import digits_root, overrides  # noqa: F401
+from tests.support.runs import overrides
 
 IN_DIM, DIM, LOCAL_BATCH, WORLD, ACCUM = 5, 6, 16, 2, 4
 SGD = {"name": "sgd", "lr": 1.0, "momentum": 0.0, "weight_decay": 0.0}  # lr 1: the update is minus the gradient
@@ -250,7 +250,7 @@ def test_deepspeed_accumulation_1_and_4_give_the_same_loss_and_update(tmp_path):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=str(case))
 
 
-def test_trainer_names_the_batchnorm_caveat_once_and_the_losses_differ(digits_root, tmp_path, caplog):  # noqa: F811
+def test_trainer_names_the_batchnorm_caveat_once_and_the_losses_differ(digits_root, tmp_path, caplog):
     """cpu_debug's tiny CNN has BatchNorm: 64 x 1 and 16 x 4 give different step-1 losses for the same weights and
     batch, and the accumulated run says why, once, at start."""
     from eigtrain.train import compose_config, run

@@ -1,5 +1,5 @@
 """The bad-input matrix: the real commands (eigtrain-rr, -train, -shards, -eval through their entry points, in this
-process) against bad shards on disk and behind a fault-injecting HTTP server on 127.0.0.1 (tests/fault_server.py),
+process) against bad shards on disk and behind a fault-injecting HTTP server on 127.0.0.1 (tests/support/fault_server.py),
 bad command lines and bad output places. Each case states what eigtrain does: one line naming the cause (exit code
 2 or a SystemExit message), or a completed run; nothing hangs (every case runs under a timeout) and no user file or
 finished work is lost (the user's files are hashed before and after). README.md's "Bad input" table is this one.
@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import os
 import re
 import subprocess
@@ -20,13 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from tests.fault_server import FaultServer
-from tests.test_data_foreign import good_samples, jpeg, write_shard
+from tests.support.fault_server import FaultServer
+from tests.support.foreign_shards import good_samples, write_shard
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")]

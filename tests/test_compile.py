@@ -5,11 +5,11 @@ import shutil
 import pytest
 
 from eigtrain.train import compose_config, run
-from tests.test_train_support import digits_root, losses, overrides  # noqa: F401
+from tests.support.runs import losses, overrides
 
 
 @pytest.mark.slow
-def test_compiled_encoder_matches_eager(digits_root, tmp_path, monkeypatch):  # noqa: F811
+def test_compiled_encoder_matches_eager(digits_root, tmp_path, monkeypatch):
     if not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
         pytest.skip("no C++ compiler on PATH (torch.compile's inductor backend builds C++ kernels on CPU)")
     import torch._inductor.config as inductor

@@ -15,42 +15,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import webdataset as wds
-from PIL import Image
 
 from eigtrain.config_check import ConfigError, validate
 from eigtrain.data import CorruptDataError, ShardError, ShardStream, StreamOptions
 from eigtrain.data import gpu_decode
 from eigtrain.data.gpu_decode import choose_jpeg_device
 from eigtrain.data.write import main as shards_cli
+from tests.support.foreign_shards import (CLASSES, PATTERN, PER_CLASS, QuietHandler, good_samples, jpeg,
+                                          train_overrides, write_class_ordered, write_shard)
+from tests.support.runs import assert_same_final_weights, check, losses, torchrun
 
-CLASSES, PER_CLASS = 6, 24  # 144 samples; shard i holds class i only (class-ordered, as many real data sets)
-PATTERN = "cls-{000000..000005}.tar"
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
-
-
-def jpeg(index: int, rng) -> bytes:
-    """A JPEG of random size (12..40 px a side) whose top-left pixel block encodes the sample's index."""
-    h, w = rng.integers(12, 41, 2)
-    image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, format="JPEG", quality=90)
-    return buffer.getvalue()
-
-
-def write_class_ordered(directory: Path, classes=CLASSES, per_class=PER_CLASS) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    with wds.ShardWriter(str(directory / "cls-%06d.tar"), maxcount=per_class, verbose=0) as sink:
-        for c in range(classes):
-            for i in range(per_class):
-                sink.write({"__key__": f"c{c}-{i:03d}", "jpg": jpeg(c * per_class + i, rng), "cls": c})
-    return directory
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -139,17 +114,9 @@ def test_stop_and_resume_mid_epoch_is_bit_identical(served, tmp_path, world):
             same_batches(take(second, 4), want[k:k + 4])
 
 
-def train_overrides(run_dir, shards, *extra):
-    return ["experiment=cpu_debug", f"run_dir={run_dir}", f"data.shards='{shards}'", "data.image_size=[16,16]",
-            "data.image_fit=whole", "data.label_key=cls", "data.augment=cifar", "data.num_workers=2",
-            "data.shuffle_block=10", "batch_size=16", "steps=6", "checkpoint_every=3", "log_every=1", "logging.wandb.mode=disabled",
-            "logging.progress=false", *extra]
-
-
 @pytest.mark.slow
 def test_training_over_http_resumes_bit_identically_and_leaves_the_users_directory_unchanged(served, tmp_path):
     from eigtrain.train import compose_config, run
-    from tests.test_train_support import assert_same_final_weights, losses
 
     directory, base = served
     before = tree_digest(directory)
@@ -254,18 +221,6 @@ def test_batched_jpeg_decode_path_gives_the_workers_batches(served, tmp_path):
 # ---------------------------------------------------------------------------------------------- bad input
 
 
-def write_shard(path: Path, samples: list[dict]) -> Path:
-    with wds.TarWriter(str(path)) as sink:
-        for sample in samples:
-            sink.write(sample)
-    return path
-
-
-def good_samples(prefix, n, rng=None):
-    rng = rng or np.random.default_rng(1)
-    return [{"__key__": f"{prefix}-{i:02d}", "jpg": jpeg(i, rng), "cls": i % 3} for i in range(n)]
-
-
 def test_missing_shard_is_named_before_anything_runs(served, tmp_path):
     directory, base = served
     with pytest.raises(ShardError, match=r"shard .*cls-000009.tar does not exist"):
@@ -346,9 +301,6 @@ def test_label_from_a_json_field(tmp_path):
 
 @pytest.mark.slow
 def test_two_rank_training_over_http_stops_and_resumes_bit_identically(served, tmp_path):
-    from tests.test_train_distributed import check, torchrun
-    from tests.test_train_support import assert_same_final_weights, losses
-
     _, base = served
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
     check(torchrun(tmp_path, ["-m", "eigtrain.train"], *train_overrides(reference, f"{base}/{PATTERN}")))

@@ -2,7 +2,7 @@
 DataLoader), permanent failures (404, 403) never retried, passing ones (5xx, a reset) retried with backoff, and the
 shard-count cache keyed on what the store says identifies an upload (ETag / Last-Modified / size).
 
-Real components only: shards on disk, `tests.fault_server.FaultServer` on 127.0.0.1, real shell commands."""
+Real components only: shards on disk, `tests.support.fault_server.FaultServer` on 127.0.0.1, real shell commands."""
 
 import json
 import os
@@ -14,8 +14,8 @@ import pytest
 
 from eigtrain.data import ShardError, ShardStream, StreamOptions
 from eigtrain.data.shards import count_samples, open_url, shard_counts
-from tests.fault_server import FaultServer
-from tests.test_data_foreign import good_samples, write_shard
+from tests.support.fault_server import FaultServer
+from tests.support.foreign_shards import good_samples, write_shard
 
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")]

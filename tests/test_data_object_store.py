@@ -8,7 +8,7 @@ import os
 import pytest
 
 from eigtrain.data import ShardError, ShardStream, StreamOptions
-from tests.test_data_foreign import CLASSES, PATTERN, PER_CLASS, train_overrides, write_class_ordered
+from tests.support.foreign_shards import CLASSES, PATTERN, PER_CLASS, train_overrides, write_class_ordered
 
 boto3 = pytest.importorskip("boto3")
 s3fs = pytest.importorskip("s3fs")

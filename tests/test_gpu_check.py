@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_train_support import REPO, clean_env
+from tests.support.runs import REPO, clean_env
 
 sys.path.insert(0, str(REPO / "tools"))
 import gpu_check  # noqa: E402

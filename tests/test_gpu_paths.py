@@ -21,7 +21,7 @@ from eigtrain.data.stream import ShardStream, StreamOptions
 from eigtrain.data.write import main as write_shards_cli
 from eigtrain.engine.base import enable_cuda_fast_paths, guarded_step
 from eigtrain.objectives.moments import full_fp32_matmul
-from tests.test_train_support import REPO, clean_env, digits_root, overrides, run_cli  # noqa: F401
+from tests.support.runs import REPO, clean_env, overrides, run_cli
 
 
 # ---------------------------------------------------------------------------------------------- nvJPEG probe
@@ -240,7 +240,7 @@ import torch
 import deepspeed.runtime.zero.stage_1_and_2 as zero
 import eigtrain.train as train_module
 from eigtrain import checkpoint as ckpt
-from tests.test_train_e2e import Faulty
+from tests.support.faulty import Faulty
 # A DeepSpeed whose fp32 ZeRO optimizer does not look for inf/NaN gradients (the check is version-dependent).
 zero.DeepSpeedZeroOptimizer.check_overflow = lambda self, *a, **k: setattr(self, "overflow", False)
 zero.is_invalid_grad_norm = lambda norm: False
@@ -254,7 +254,7 @@ print("RESULT", json.dumps({"skipped": result["skipped_steps"], "params_unchange
 
 
 @pytest.mark.slow
-def test_deepspeed_skips_a_nonfinite_loss_whatever_its_overflow_check(digits_root, tmp_path):  # noqa: F811
+def test_deepspeed_skips_a_nonfinite_loss_whatever_its_overflow_check(digits_root, tmp_path):
     run_dir = tmp_path / "run"
     args = overrides(run_dir, digits_root, "engine=deepspeed", "steps=3", "checkpoint_every=1")
     out = run_cli(["-c", DEEPSPEED_WITHOUT_OVERFLOW_CHECK, str(run_dir), *args], REPO)  # DeepSpeed keeps its group

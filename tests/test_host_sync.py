@@ -19,7 +19,7 @@ from eigtrain.data import augment as augment_module
 from eigtrain.data.write import main as write_shards_cli
 from eigtrain.metrics_log import Throughput
 from eigtrain.train import compose_config, run
-from tests.test_train_support import digits_root, overrides  # noqa: F401
+from tests.support.runs import overrides
 
 STEPS = 8
 SYNCING = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy", "cpu", "nonzero")
@@ -73,7 +73,7 @@ def counted_syncs(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["micro_batch_size=16", "data.augment=cifar"]], ids=["plain", "accumulation"])
-def test_at_most_one_host_sync_per_step(counted_syncs, digits_root, tmp_path, extra):  # noqa: F811
+def test_at_most_one_host_sync_per_step(counted_syncs, digits_root, tmp_path, extra):
     # Logging and checkpoints only at the last step; cifar's augmentation has colour jitter (per-sample choices).
     cfg = compose_config(overrides(tmp_path / "run", digits_root, f"steps={STEPS}", f"log_every={STEPS}",
                                    f"checkpoint_every={STEPS}", *extra))
@@ -126,11 +126,11 @@ def test_hue_jitter_whole_images_and_save_on_signal_add_no_host_sync(counted_syn
     assert all(len(calls) <= 1 for calls in per_step.values()), per_step
 
 
-def test_ranks_agree_on_a_stop_signal_at_the_next_check(digits_root, tmp_path, one_rank_group,  # noqa: F811
+def test_ranks_agree_on_a_stop_signal_at_the_next_check(digits_root, tmp_path, one_rank_group,
                                                          monkeypatch):
     """In a process group the stop flag is all-reduced every signal_check_every steps: a signal during step 3
     with checks every 4 steps saves at step 4 and stops there."""
-    from tests.test_train_e2e import faulty_objectives
+    from tests.support.faulty import faulty_objectives
 
     for name in ("installed", "received", "requeue_signal", "stopped", "requeue"):  # restored after the test
         monkeypatch.setattr(dist._StopState, name, getattr(dist._StopState, name))

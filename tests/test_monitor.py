@@ -4,11 +4,11 @@ import pytest
 
 from eigtrain.metrics_log import read_metrics
 from eigtrain.train import compose_config, run
-from tests.test_train_support import assert_same_final_weights, digits_root, losses, overrides  # noqa: F401
+from tests.support.runs import assert_same_final_weights, losses, overrides
 
 
 @pytest.mark.slow
-def test_monitor_logs_knn_accuracy_per_prefix_and_leaves_training_unchanged(digits_root, tmp_path):  # noqa: F811
+def test_monitor_logs_knn_accuracy_per_prefix_and_leaves_training_unchanged(digits_root, tmp_path):
     common = ("steps=4", "log_every=3", "checkpoint_every=4", "monitor.max_train_samples=600")
     run(compose_config(overrides(tmp_path / "plain", digits_root, *common)))
     run(compose_config(overrides(tmp_path / "monitored", digits_root, *common, "monitor.every=2")))

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from eigtrain.objectives import build_objective, mrl_prefixes
-from tests import objective_reference as ref
+from tests.support import objective_reference as ref
 
 DIM, BATCH = 8, 12
 

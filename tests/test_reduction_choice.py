@@ -15,8 +15,7 @@ from eigtrain.objectives import build_objective
 from eigtrain.objectives.moments import choose_reduction, reduction_costs
 from eigtrain.schema import objective_schema
 from tests.test_objectives_distributed import CASES, DIM, WORLD, _data, _free_port, _model, _Pair
-from tests.test_train_distributed import check, torchrun
-from tests.test_train_support import digits_root, losses, overrides  # noqa: F401
+from tests.support.runs import check, losses, overrides, torchrun
 
 # Per-rank batches: equal, and ragged (a short last batch; even, as split-batch objectives need).
 SIZES = {"equal": [8, 8], "ragged": [8, 6]}
@@ -156,7 +155,7 @@ def test_every_objective_config_takes_the_reduction_keys_without_a_plus():
 
 
 @pytest.mark.slow
-def test_two_rank_training_is_the_same_through_either_route(digits_root, tmp_path):  # noqa: F811
+def test_two_rank_training_is_the_same_through_either_route(digits_root, tmp_path):
     """The trainer's path (DDP, engine, skip bookkeeping) with the features gathered: the losses of 4 fp32 steps
     match those with the moments all-reduced (the sums are only added in another order)."""
     runs = {}

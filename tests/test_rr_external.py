@@ -7,12 +7,9 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
-import webdataset as wds
 from safetensors.torch import load_file, save_file
-from sklearn.datasets import load_digits
 from torch import nn
 
 from eigtrain.external_encoder import EncoderSpecError, build_external_encoder
@@ -20,25 +17,11 @@ from eigtrain.rayleigh_ritz import solve
 from eigtrain.rr_job import main as rr_main
 from eigtrain.rr_job import parse_args
 
-N = 480
+N = 480  # samples in the foreign_shards fixture (tests/conftest.py)
 # test_vit (timm's tiny test ViT) at 16 px with 4 px patches; without the final LayerNorm, whose zero-sum
 # output (bias 0 at init) would make the Gram matrix singular
 VIT = ["encoder=timm:test_vit", "encoder.kwargs.img_size=16", "encoder.kwargs.patch_size=4",
        "encoder.kwargs.global_pool=avg", "encoder.kwargs.final_norm=false", "encoder.kwargs.fc_norm=false"]
-
-
-@pytest.fixture(scope="module")
-def foreign_shards(tmp_path_factory):
-    """480 RGB 16x16 digit images as jpg + cls, 4 shards of 120, written by webdataset.ShardWriter."""
-    root = tmp_path_factory.mktemp("foreign")
-    images, labels = load_digits(return_X_y=True)
-    rng = np.random.default_rng(0)
-    with wds.ShardWriter(str(root / "part-%06d.tar"), maxcount=120, verbose=0) as sink:
-        for i in range(N):
-            gray = np.kron((images[i].reshape(8, 8) * 16).clip(0, 255), np.ones((2, 2)))[..., None]
-            sink.write({"__key__": f"img{i:05d}", "jpg": (gray * rng.uniform(0.6, 1.0, 3)).astype(np.uint8), "cls": int(labels[i])})
-    assert sorted(os.listdir(root)) == [f"part-{i:06d}.tar" for i in range(4)]
-    return str(root / "part-{000000..000003}.tar")
 
 
 def _args(shards, out, *extra):

@@ -10,7 +10,6 @@ from safetensors.torch import load_file
 from eigtrain.rayleigh_ritz import RRAccumulator, solve
 from eigtrain.rr_job import main as rr_main
 from tests.test_rayleigh_ritz import _assert_same_functions, _empirical_eigenfunctions, _stream, _symmetric_pairs
-from tests.test_rr_external import foreign_shards  # noqa: F401  (the fixture: 480 digit images, webdataset shards)
 
 STATES = 7
 

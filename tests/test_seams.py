@@ -28,8 +28,8 @@ from eigtrain.data.write import main as write_shards_cli
 from eigtrain.evaluate import main as eval_main
 from eigtrain.metrics_log import read_metrics
 from eigtrain.rr_job import main as rr_main
-from tests.test_data_foreign import QuietHandler
-from tests.test_train_support import clean_env
+from tests.support.foreign_shards import QuietHandler
+from tests.support.runs import clean_env
 from tests.test_val_shards import CLASSES, write_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")

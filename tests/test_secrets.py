@@ -90,7 +90,7 @@ def files_holding(root, needle: str) -> list[str]:
 def signed_shards(tmp_path):
     """A brace pattern of signed URLs (token in the query) for class-ordered shards served on 127.0.0.1; the
     server ignores the query, as a store accepting the signature would."""
-    from tests.test_data_foreign import PATTERN, QuietHandler, write_class_ordered
+    from tests.support.foreign_shards import PATTERN, QuietHandler, write_class_ordered
 
     directory = write_class_ordered(tmp_path / "store")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(directory)))
@@ -102,7 +102,7 @@ def signed_shards(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_over_signed_urls_persists_the_token_nowhere(signed_shards, tmp_path, capsys):
-    from tests.test_data_foreign import train_overrides
+    from tests.support.foreign_shards import train_overrides
 
     from eigtrain.rr_job import main as rr_main
 
@@ -131,7 +131,7 @@ def test_a_run_over_signed_urls_persists_the_token_nowhere(signed_shards, tmp_pa
 def test_a_shard_index_of_signed_urls_stores_none_and_still_serves_their_counts(tmp_path):
     from eigtrain.data.shards import expand_shards
     from eigtrain.data.write import main as shards_main
-    from tests.test_data_foreign import write_class_ordered
+    from tests.support.foreign_shards import write_class_ordered
 
     store = write_class_ordered(tmp_path / "store", classes=2, per_class=3)
     pattern = f"file://{store}/cls-{{000000..000001}}.tar?sig={TOKEN}"  # the local reader ignores the query
@@ -146,7 +146,7 @@ def corrupt_signed_shards(tmp_path):
     data.max_corrupt=0 at once, an error naming the shard (URL) and the sample."""
     import webdataset as wds
 
-    from tests.test_data_foreign import QuietHandler  # the server's own request log would print the token
+    from tests.support.foreign_shards import QuietHandler  # the server's own request log would print the token
 
     (tmp_path / "store").mkdir()
     for shard in range(2):

@@ -10,7 +10,7 @@ from eigtrain.data import CorruptDataError, write_shards
 from eigtrain.data.sources import png_bytes
 from eigtrain.metrics_log import read_metrics
 from eigtrain.train import compose_config, run
-from tests.test_train_support import run_cli
+from tests.support.runs import check, run_cli, torchrun
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 
@@ -76,7 +76,6 @@ def test_past_max_corrupt_the_run_stops_with_one_line(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["ddp", "deepspeed"])
 def test_two_ranks_skip_the_step_where_only_one_rank_got_the_bad_batch(tmp_path, engine):
-    from tests.test_train_distributed import check, torchrun
 
     root = write_data(tmp_path / "data", shards=4)  # 2 shards per rank: the corrupt one goes to one rank only
     run_dir = tmp_path / "run"

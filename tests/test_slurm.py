@@ -1,4 +1,4 @@
-"""Jobs submitted through eigtrain.launch.slurm to a real single-node Slurm cluster (tests/slurm_fixture.py).
+"""Jobs submitted through eigtrain.launch.slurm to a real single-node Slurm cluster (tests/support/slurm_fixture.py).
 
 Each job has 2 CPU tasks that form a gloo group. Interruptions are real Slurm signals: `scancel
 --signal=USR2` delivers the same signal Slurm sends `signal_delay_s` before a time limit.
@@ -21,7 +21,6 @@ import torch.distributed as torch_dist
 from eigtrain import dist
 from eigtrain.dist.slurm_nodes import scontrol_hostnames
 from eigtrain.launch.slurm import JobFailedError, submit, wait, world_size
-from tests.slurm_fixture import slurm_cluster  # noqa: F401  (fixture)
 
 # The jobs' Python processes import nothing from tests/: ship this module's functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

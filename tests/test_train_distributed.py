@@ -3,7 +3,6 @@ resumed exactly after a SIGKILL of rank 0 mid-run (which torchrun turns into the
 and DeepSpeed's skipping of non-finite updates."""
 
 import json
-import socket
 import sys
 import time
 
@@ -11,25 +10,12 @@ import pytest
 
 from eigtrain import checkpoint as ckpt
 from eigtrain.metrics_log import read_metrics
-from tests.test_train_support import REPO, assert_same_final_weights, digits_root, kill_wrapper, losses, overrides, run_cli  # noqa: F401
+from tests.support.runs import KILL_WRAPPER, REPO, assert_same_final_weights, check, losses, overrides, run_cli, torchrun
 
 pytestmark = pytest.mark.slow
 
 
-def torchrun(tmp_path, target, *args, timeout=300):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                "--master_port", str(port), *target]
-    return run_cli([*launcher, *args], tmp_path, timeout=timeout)
-
-
-def check(result):
-    assert result.returncode == 0, result.stderr[-3000:]
-
-
-def test_torchrun_ddp_two_processes_stop_and_resume_bit_identical(digits_root, tmp_path):  # noqa: F811
+def test_torchrun_ddp_two_processes_stop_and_resume_bit_identical(digits_root, tmp_path):
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
     check(torchrun(tmp_path, ["-m", "eigtrain.train"], *overrides(reference, digits_root)))
     records = read_metrics(reference)
@@ -44,7 +30,7 @@ def test_torchrun_ddp_two_processes_stop_and_resume_bit_identical(digits_root, t
     assert_same_final_weights(resumed, reference)
 
 
-def test_deepspeed_zero2_two_processes_sigkill_and_resume_bit_identical(digits_root, tmp_path):  # noqa: F811
+def test_deepspeed_zero2_two_processes_sigkill_and_resume_bit_identical(digits_root, tmp_path):
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
     ds = ("engine=deepspeed", "engine.zero_stage=2")
     check(torchrun(tmp_path, ["-m", "eigtrain.train"], *overrides(reference, digits_root, *ds)))
@@ -53,7 +39,7 @@ def test_deepspeed_zero2_two_processes_sigkill_and_resume_bit_identical(digits_r
             "rank-0.pt", "rank-1.pt", ckpt.MARKER} <= {p.name for p in step6.iterdir()}
 
     start = time.monotonic()
-    killed = torchrun(tmp_path, [kill_wrapper(tmp_path)], "step", "5", *overrides(resumed, digits_root, *ds))
+    killed = torchrun(tmp_path, [KILL_WRAPPER], "step", "5", *overrides(resumed, digits_root, *ds))
     assert killed.returncode != 0 and "SIGKILL" in killed.stderr, killed.stderr[-3000:]
     assert time.monotonic() - start < 240  # rank 1 does not hang after rank 0 died
     assert ckpt.latest_checkpoint(resumed / "checkpoints") == resumed / "checkpoints/step-4"
@@ -67,7 +53,7 @@ import json, sys
 import torch
 import eigtrain.train as train_module
 from eigtrain import checkpoint as ckpt
-from tests.test_train_e2e import Faulty
+from tests.support.faulty import Faulty
 build = train_module.build_objective
 train_module.build_objective = lambda *a, **k: Faulty(build(*a, **k), nan_loss_calls={3}, nan_grad_calls={4})
 result = train_module.run(train_module.compose_config(sys.argv[2:]))
@@ -77,7 +63,7 @@ print("RESULT", json.dumps({"skipped": result["skipped_steps"], "params_unchange
 """
 
 
-def test_deepspeed_skips_nonfinite_updates(digits_root, tmp_path):  # noqa: F811
+def test_deepspeed_skips_nonfinite_updates(digits_root, tmp_path):
     # In a subprocess: DeepSpeed keeps its process group for the life of the process.
     run_dir = tmp_path / "run"
     args = overrides(run_dir, digits_root, "engine=deepspeed", "steps=4", "checkpoint_every=1", "max_nonfinite_steps=2")

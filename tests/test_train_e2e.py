@@ -2,12 +2,10 @@
 SIGKILL, kill during a checkpoint write) and the non-finite guard."""
 
 import json
-import os
 import signal
 
 import pytest
 import torch
-from torch import nn
 
 import eigtrain.train as train_module
 from eigtrain import checkpoint as ckpt
@@ -15,13 +13,14 @@ from eigtrain import dist
 from eigtrain.metrics_log import read_metrics
 from eigtrain.objectives import build_objective
 from eigtrain.train import NonFiniteError, compose_config, run
-from tests.test_train_support import assert_same_final_weights, digits_root, kill_wrapper, losses, overrides, run_cli  # noqa: F401
+from tests.support.faulty import faulty_objectives
+from tests.support.runs import KILL_WRAPPER, assert_same_final_weights, losses, overrides, run_cli
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def reference(digits_root, tmp_path_factory):  # noqa: F811
+def reference(digits_root, tmp_path_factory):
     """6 uninterrupted steps, checkpoints every 2."""
     run_dir = tmp_path_factory.mktemp("reference")
     result = run(compose_config(overrides(run_dir, digits_root)))
@@ -62,7 +61,7 @@ def test_cpu_run_end_to_end_writes_shards_logs_checkpoints_and_export(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(encoder.state_dict().values(), from_checkpoint.state_dict().values()))
 
 
-def test_stop_and_resume_is_bit_identical(reference, digits_root, tmp_path):  # noqa: F811
+def test_stop_and_resume_is_bit_identical(reference, digits_root, tmp_path):
     run_dir = tmp_path / "run"
     first = run(compose_config(overrides(run_dir, digits_root, "stop_after=3")))
     assert first["step"] == 3 and not (run_dir / "model.safetensors").exists()
@@ -72,9 +71,9 @@ def test_stop_and_resume_is_bit_identical(reference, digits_root, tmp_path):  # 
     assert_same_final_weights(run_dir, reference)
 
 
-def test_sigkill_and_resume_is_bit_identical(reference, digits_root, tmp_path):  # noqa: F811
+def test_sigkill_and_resume_is_bit_identical(reference, digits_root, tmp_path):
     run_dir = tmp_path / "run"
-    killed = run_cli([kill_wrapper(tmp_path), "step", "5", *overrides(run_dir, digits_root)], tmp_path)
+    killed = run_cli([KILL_WRAPPER, "step", "5", *overrides(run_dir, digits_root)], tmp_path)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert ckpt.latest_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints/step-4"
     run(compose_config(overrides(run_dir, digits_root)))
@@ -82,9 +81,9 @@ def test_sigkill_and_resume_is_bit_identical(reference, digits_root, tmp_path): 
     assert_same_final_weights(run_dir, reference)
 
 
-def test_kill_while_writing_a_checkpoint_leaves_the_previous_one_chosen(reference, digits_root, tmp_path):  # noqa: F811
+def test_kill_while_writing_a_checkpoint_leaves_the_previous_one_chosen(reference, digits_root, tmp_path):
     run_dir = tmp_path / "run"
-    killed = run_cli([kill_wrapper(tmp_path), "marker", "4", *overrides(run_dir, digits_root)], tmp_path)
+    killed = run_cli([KILL_WRAPPER, "marker", "4", *overrides(run_dir, digits_root)], tmp_path)
     assert killed.returncode == -9, killed.stderr[-2000:]
     partial = run_dir / "checkpoints/step-4"
     assert (partial / "rank-0.pt").exists() and not ckpt.is_complete(partial)  # written, never marked
@@ -95,30 +94,7 @@ def test_kill_while_writing_a_checkpoint_leaves_the_previous_one_chosen(referenc
     assert_same_final_weights(run_dir, reference)
 
 
-class Faulty(nn.Module):
-    """The real objective, with a NaN loss, a NaN gradient (finite loss) or a SIGUSR1 on the given calls."""
-
-    def __init__(self, inner, nan_loss_calls=(), nan_grad_calls=(), signal_calls=()):
-        super().__init__()
-        self.inner, self.split_batch, self.calls = inner, inner.split_batch, 0
-        self.nan_loss_calls, self.nan_grad_calls, self.signal_calls = nan_loss_calls, nan_grad_calls, signal_calls
-
-    def forward(self, z1, z2):
-        self.calls += 1
-        if self.calls in self.signal_calls:
-            os.kill(os.getpid(), signal.SIGUSR1)
-        if self.calls in self.nan_grad_calls:
-            z1.register_hook(lambda g: g * float("nan"))
-        loss, terms = self.inner(z1, z2)
-        return (loss * float("nan") if self.calls in self.nan_loss_calls else loss), terms
-
-
-def faulty_objectives(monkeypatch, **faults):
-    build = train_module.build_objective
-    monkeypatch.setattr(train_module, "build_objective", lambda *a, **k: Faulty(build(*a, **k), **faults))
-
-
-def test_stop_signal_saves_at_the_step_boundary_and_resume_is_exact(reference, digits_root, tmp_path, monkeypatch):  # noqa: F811
+def test_stop_signal_saves_at_the_step_boundary_and_resume_is_exact(reference, digits_root, tmp_path, monkeypatch):
     for name in ("installed", "received", "requeue_signal", "stopped", "requeue"):  # restored after the test
         monkeypatch.setattr(dist._StopState, name, getattr(dist._StopState, name))
     previous = signal.getsignal(signal.SIGUSR1)
@@ -140,7 +116,7 @@ def test_stop_signal_saves_at_the_step_boundary_and_resume_is_exact(reference, d
     assert_same_final_weights(run_dir, reference)
 
 
-def test_nonfinite_loss_and_gradient_are_skipped_then_the_run_stops(digits_root, tmp_path, monkeypatch):  # noqa: F811
+def test_nonfinite_loss_and_gradient_are_skipped_then_the_run_stops(digits_root, tmp_path, monkeypatch):
     faulty_objectives(monkeypatch, nan_loss_calls={3}, nan_grad_calls={4})
     run_dir = tmp_path / "tolerated"
     result = run(compose_config(overrides(run_dir, digits_root, "steps=4", "checkpoint_every=1", "max_nonfinite_steps=2")))

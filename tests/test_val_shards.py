@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from eigtrain.config_check import ConfigError, validate
 from eigtrain.evaluate import main as eval_main
 from eigtrain.rr_job import main as rr_main
-from tests.test_data_foreign import jpeg, train_overrides
+from tests.support.foreign_shards import jpeg, train_overrides
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 CLASSES, TRAIN_PER_CLASS, VAL_PER_CLASS = 4, 16, 6

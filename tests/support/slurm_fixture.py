@@ -1,6 +1,6 @@
 """A real single-node Slurm cluster (tools/slurm_local.sh) for the tests that submit jobs. Never a mock.
 
-Use it from a test module with `from slurm_fixture import slurm_cluster`. The first pytest process
+tests/conftest.py registers it (pytest_plugins): a test asks for the `slurm_cluster` fixture. The first pytest process
 that needs the cluster starts it (installing Debian's packages when `sbatch` is missing); the last
 one to finish stops it, unless it was already running before the tests. The users (pids) are
 kept in a file under a lock, so pytest-xdist workers share one cluster.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "slurm_local.sh"
 CLUSTER_DIR = Path(os.environ.get("EIGTRAIN_SLURM_DIR", "/tmp/eigtrain-slurm"))
 
