@@ -6,14 +6,7 @@ from PIL import Image
 from eigtrain.eval_report import write_report
 from eigtrain.evaluate import adaptive_dimension_table
 from eigtrain.probes import dims_for, knn_accuracy, probe_accuracy
-
-
-def _blobs(n=600, d=16, informative=4, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, 4, (n,), generator=gen)
-    x = torch.randn(n, d, generator=gen)
-    x[:, :informative] += 3.0 * torch.nn.functional.one_hot(y, 4).float()  # only the first coordinates carry the class
-    return x, y
+from tests.support.finite_kernels import blobs
 
 
 def test_dims_for():
@@ -21,7 +14,7 @@ def test_dims_for():
 
 
 def test_probes_learn_and_parallel_probes_match_single_ones():
-    x, y = _blobs()
+    x, y = blobs()
     for probe in ("sgd", "closed_form"):
         assert probe_accuracy(x[:400], y[:400], x[400:], y[400:], probe=probe).item() > 0.9
         assert probe_accuracy(x[:400, 8:], y[:400], x[400:, 8:], y[400:], probe=probe).item() < 0.45  # noise only
@@ -33,7 +26,7 @@ def test_probes_learn_and_parallel_probes_match_single_ones():
 
 
 def test_table_orders_methods_and_writes_readable_report(tmp_path):
-    x, y = _blobs()
+    x, y = blobs()
     ordered = x  # informative coordinates first, like Rayleigh-Ritz features
     shuffled = x[:, torch.randperm(16, generator=torch.Generator().manual_seed(1))]
     report = adaptive_dimension_table(
@@ -71,7 +64,7 @@ def test_eval_command_on_stored_features_with_retrieval_options(tmp_path, capsys
     from eigtrain.export import save_export
     from eigtrain.rayleigh_ritz import RRAccumulator, solve
 
-    x, y = _blobs(d=8)
+    x, y = blobs(d=8)
     acc = RRAccumulator(8)
     acc.update(x[:400], x[:400] + 0.3 * torch.randn(400, 8, generator=torch.Generator().manual_seed(2)))
     save_export(solve(acc), tmp_path / "rr", {"kind": "test"}, plot=False)

@@ -12,8 +12,7 @@ from eigtrain.data.pipe_trust import PipeNotAllowed, check_saved_sources, runs_c
 from eigtrain.embed import embed_split, open_run
 from eigtrain.evaluate import main as eval_main
 from eigtrain.rr_job import main as rr_main
-from tests.support.foreign_shards import train_overrides
-from tests.test_val_shards import N_TRAIN, TRAIN_PER_CLASS, VAL_PER_CLASS, write_shards
+from tests.support.foreign_shards import N_TRAIN, TRAIN_PER_CLASS, VAL_PER_CLASS, train_overrides, write_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 

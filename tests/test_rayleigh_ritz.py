@@ -10,43 +10,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from eigtrain.rayleigh_ritz import RRAccumulator, solve
+from tests.support.finite_kernels import assert_same_functions, empirical_eigenfunctions, stream, symmetric_pairs
 
 F64 = torch.float64
-
-
-def _symmetric_pairs(states=7, n=4000, seed=0):
-    """Pairs (a, a') from a random symmetric joint, each drawn pair added in both orders, so the
-    empirical joint is symmetric and its kernel is known exactly (it is the data's own kernel)."""
-    rng = np.random.default_rng(seed)
-    w = rng.random((states, states)) ** 3 + np.eye(states) * 2.0
-    p = (w + w.T) / (w + w.T).sum()
-    idx = rng.choice(states * states, size=n, p=p.ravel())
-    a, b = idx // states, idx % states
-    return np.concatenate([a, b]), np.concatenate([b, a])
-
-
-def _empirical_eigenfunctions(a, b, states):
-    """Eigenvalues (descending) and eigenfunctions psi[state, i] of the empirical kernel, orthonormal in L2(p)."""
-    joint = np.zeros((states, states))
-    np.add.at(joint, (a, b), 1.0)
-    joint /= joint.sum()
-    p = joint.sum(1)
-    bmat = joint / np.sqrt(np.outer(p, p))
-    lam, u = np.linalg.eigh(bmat)
-    order = np.argsort(lam)[::-1]
-    return lam[order], u[:, order] / np.sqrt(p)[:, None]
-
-
-def _stream(acc, z1, z2, batch=333):
-    for s in range(0, len(z1), batch):
-        acc.update(z1[s : s + batch], z2[s : s + batch])
-    return acc
-
-
-def _assert_same_functions(got, want, atol):
-    """Columns equal up to one sign per column."""
-    signs = np.sign((got * want).sum(0))
-    np.testing.assert_allclose(got * signs, want, atol=atol)
 
 
 def test_streaming_and_merge_are_exact():
@@ -55,8 +21,8 @@ def test_streaming_and_merge_are_exact():
     z2 = z1 @ torch.randn(5, 5, generator=gen, dtype=F64) + 7.0
     whole = RRAccumulator(5)
     whole.update(z1, z2)
-    streamed = _stream(RRAccumulator(5), z1, z2, batch=37)
-    left, right = _stream(RRAccumulator(5), z1[:611], z2[:611]), _stream(RRAccumulator(5), z1[611:], z2[611:])
+    streamed = stream(RRAccumulator(5), z1, z2, batch=37)
+    left, right = stream(RRAccumulator(5), z1[:611], z2[:611]), stream(RRAccumulator(5), z1[611:], z2[611:])
     left.merge(right)
     for acc in (streamed, left):
         assert acc.n == 1000
@@ -69,18 +35,18 @@ def test_streaming_and_merge_are_exact():
 @pytest.mark.parametrize("center", [False, True])
 def test_generalized_recovers_eigenpairs_from_any_invertible_mix(center):
     states, d = 7, 3
-    a, b = _symmetric_pairs(states)
-    lam, psi = _empirical_eigenfunctions(a, b, states)
+    a, b = symmetric_pairs(states)
+    lam, psi = empirical_eigenfunctions(a, b, states)
     first = 1 if center else 0  # centering removes the constant mode, so give it the next d modes
     rng = np.random.default_rng(1)
     mix = rng.normal(size=(d, d)) + 2 * np.eye(d)
     offset = rng.normal(size=d) if center else np.zeros(d)
     table = psi[:, first : first + d] @ mix + offset  # an arbitrary embedding of each state
-    acc = _stream(RRAccumulator(d), torch.from_numpy(table[a]), torch.from_numpy(table[b]))
+    acc = stream(RRAccumulator(d), torch.from_numpy(table[a]), torch.from_numpy(table[b]))
     res = solve(acc, "generalized", center=center, trivial="keep")  # keep: the paper's convention
     np.testing.assert_allclose(res.eigenvalues.numpy(), lam[first : first + d], atol=1e-10)
     features = res.apply(torch.from_numpy(table)).numpy()
-    _assert_same_functions(features, psi[:, first : first + d], atol=1e-9)
+    assert_same_functions(features, psi[:, first : first + d], atol=1e-9)
     if not center:
         assert abs(res.eigenvalues[0].item() - 1.0) < 1e-12  # the constant mode, kept
 
@@ -99,7 +65,7 @@ def test_svd_recovers_singular_pairs():
     u, s, vh = np.linalg.svd(joint / np.sqrt(np.outer(px, pa)))
     phi, psi = u[:, :d] / np.sqrt(px)[:, None], vh[:d].T / np.sqrt(pa)[:, None]
     tx, ta = phi @ rng.normal(size=(d, d)), psi @ rng.normal(size=(d, d))
-    acc = _stream(RRAccumulator(d, pairs=True), torch.from_numpy(tx[x]), torch.from_numpy(ta[y]))
+    acc = stream(RRAccumulator(d, pairs=True), torch.from_numpy(tx[x]), torch.from_numpy(ta[y]))
     res = solve(acc, "svd", trivial="keep")
     np.testing.assert_allclose(res.eigenvalues.numpy(), s[:d], atol=1e-10)
     fx, fa = res.apply(torch.from_numpy(tx)).numpy(), res.apply_right(torch.from_numpy(ta)).numpy()
@@ -133,15 +99,15 @@ def _paper_reference(z1, z2, mode, batch=333):
 
 @pytest.mark.parametrize("mode", ["paper-rq", "paper-vicreg", "paper-lora"])
 def test_paper_modes_reproduce_appendix_f(mode):
-    a, b = _symmetric_pairs(seed=3)
+    a, b = symmetric_pairs(seed=3)
     rng = np.random.default_rng(4)
     table = rng.normal(size=(7, 4)) + 0.5
     z1, z2 = table[a], table[b]
     lam, transform, mean = _paper_reference(z1, z2, mode)
-    res = solve(_stream(RRAccumulator(4), torch.from_numpy(z1), torch.from_numpy(z2)), mode, trivial="keep")
+    res = solve(stream(RRAccumulator(4), torch.from_numpy(z1), torch.from_numpy(z2)), mode, trivial="keep")
     np.testing.assert_allclose(res.eigenvalues.numpy(), lam, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(res.mean.numpy(), mean, atol=1e-12)
-    _assert_same_functions(res.transform.numpy(), transform, atol=1e-9)
+    assert_same_functions(res.transform.numpy(), transform, atol=1e-9)
 
 
 def test_singular_gram_is_solved_on_its_range_or_ridge_regularized():
@@ -197,7 +163,7 @@ def _reduce_worker(rank, port, out_dir):
     z1 = torch.randn(301, 4, generator=gen, dtype=F64) + 3.0
     z2 = z1 + torch.randn(301, 4, generator=gen, dtype=F64)
     rows = slice(0, 120) if rank == 0 else slice(120, 301)  # uneven shares
-    acc = _stream(RRAccumulator(4), z1[rows], z2[rows], batch=50)
+    acc = stream(RRAccumulator(4), z1[rows], z2[rows], batch=50)
     acc.all_reduce()
     torch.save(acc.state_dict(), os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()

@@ -9,15 +9,15 @@ from safetensors.torch import load_file
 
 from eigtrain.rayleigh_ritz import RRAccumulator, solve
 from eigtrain.rr_job import main as rr_main
-from tests.test_rayleigh_ritz import _assert_same_functions, _empirical_eigenfunctions, _stream, _symmetric_pairs
+from tests.support.finite_kernels import assert_same_functions, blobs, empirical_eigenfunctions, stream, symmetric_pairs
 
 STATES = 7
 
 
 def _kernel_embedding(first: int, d: int, offset: bool = False, seed: int = 1):
     """An arbitrary invertible mix of the true eigenfunctions first..first+d-1 of a finite kernel, per state."""
-    a, b = _symmetric_pairs(STATES)
-    lam, psi = _empirical_eigenfunctions(a, b, STATES)
+    a, b = symmetric_pairs(STATES)
+    lam, psi = empirical_eigenfunctions(a, b, STATES)
     rng = np.random.default_rng(seed)
     table = psi[:, first : first + d] @ (rng.normal(size=(d, d)) + 2 * np.eye(d))
     if offset:
@@ -26,7 +26,7 @@ def _kernel_embedding(first: int, d: int, offset: bool = False, seed: int = 1):
 
 
 def _acc(table, a, b, d):
-    return _stream(RRAccumulator(d), torch.from_numpy(table[a]), torch.from_numpy(table[b]))
+    return stream(RRAccumulator(d), torch.from_numpy(table[a]), torch.from_numpy(table[b]))
 
 
 @pytest.mark.parametrize("mode", ["generalized", "paper-rq", "paper-lora"])
@@ -43,7 +43,7 @@ def test_span_holding_the_constant_returns_it_as_the_trivial_mode(mode):
     np.testing.assert_allclose(p @ features, 0.0, atol=1e-10)  # every ordered feature is orthogonal to 1
     if mode == "generalized":  # and they are the next eigenpairs, in order
         np.testing.assert_allclose(res.eigenvalues.numpy(), lam[1:d], atol=1e-10)
-        _assert_same_functions(features, psi[:, 1:d], atol=1e-9)
+        assert_same_functions(features, psi[:, 1:d], atol=1e-9)
     kept = solve(acc, mode, trivial="keep")  # the paper's convention: the constant is feature 1
     assert kept.trivial is None and kept.transform.shape[1] == d
     if mode == "generalized":
@@ -61,7 +61,7 @@ def test_centered_kernel_embedding_loses_nothing(offset):
     assert res.trivial["residual"] > 0.1  # the span does not hold the constant
     assert res.dims == {"dim": 3, "dead": 0, "constant": 0, "dependent": 0, "features": 3}
     np.testing.assert_allclose(res.eigenvalues.numpy(), lam[1 : d + 1], atol=1e-10)
-    _assert_same_functions(res.apply(torch.from_numpy(table)).numpy(), psi[:, 1 : d + 1], atol=1e-9)
+    assert_same_functions(res.apply(torch.from_numpy(table)).numpy(), psi[:, 1 : d + 1], atol=1e-9)
     centered = solve(acc, center=True, trivial="keep")  # one rule: excluding the trivial mode == centering
     torch.testing.assert_close(res.transform, centered.transform, rtol=0, atol=1e-12)
     if not offset:  # mean zero: the paper's convention gives the same features
@@ -125,9 +125,8 @@ def test_random_resnet18_over_image_shards_exports_without_a_ridge(foreign_shard
 
 def test_eval_reports_both_conventions_constant_shares_and_the_spectrum_k(tmp_path):
     from eigtrain.evaluate import main as eval_main
-    from tests.test_evaluate import _blobs
 
-    x, y = _blobs(d=8)
+    x, y = blobs(d=8)
     x = x + 5.0  # an embedding far from the origin: its span nearly holds the constant, as SCL's does
     noisy = x[:400] + 0.3 * torch.randn(400, 8, generator=torch.Generator().manual_seed(2))
     np.savez(tmp_path / "pairs.npz", z1=x[:400].double().numpy(), z2=noisy.double().numpy())

@@ -28,13 +28,11 @@ from eigtrain.data.write import main as write_shards_cli
 from eigtrain.evaluate import main as eval_main
 from eigtrain.metrics_log import read_metrics
 from eigtrain.rr_job import main as rr_main
-from tests.support.foreign_shards import QuietHandler
+from tests.support.foreign_shards import (LABELLED_CLASSES, N_TRAIN, N_VAL, TRAIN_PER_CLASS, VAL_PER_CLASS, QuietHandler,
+                                          write_shards)
 from tests.support.runs import clean_env
-from tests.test_val_shards import CLASSES, write_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
-TRAIN_PER_CLASS, VAL_PER_CLASS = 16, 6
-N_TRAIN, N_VAL = CLASSES * TRAIN_PER_CLASS, CLASSES * VAL_PER_CLASS
 SOURCES = ["root", "pairs", "shards", "http"]  # trained on; the user-model cells take all but pairs
 IMAGE_SOURCES = ["root", "shards", "http"]
 EVAL = ["probe=closed_form", "random_draws=2", "retrieval=torch", "retrieval_draws=1", "pca=false"]
@@ -83,7 +81,7 @@ def data(tmp_path_factory):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
-    train_urls = [f"{base}/train-{i:06d}.tar" for i in range(CLASSES)]
+    train_urls = [f"{base}/train-{i:06d}.tar" for i in range(LABELLED_CLASSES)]
     foreign_counts = {"train": N_TRAIN, "val": N_VAL}
     yield {"root": (str(root), index_counts(root)), "pairs": (str(pairs), index_counts(pairs)),
            "shards": (train, val_list, foreign_counts),

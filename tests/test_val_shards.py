@@ -6,33 +6,16 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
-import webdataset as wds
 from omegaconf import OmegaConf
 
 from eigtrain.config_check import ConfigError, validate
 from eigtrain.evaluate import main as eval_main
 from eigtrain.rr_job import main as rr_main
-from tests.support.foreign_shards import jpeg, train_overrides
+from tests.support.foreign_shards import (N_TRAIN, N_VAL, TRAIN_PER_CLASS, VAL_PER_CLASS, train_overrides,
+                                          write_shards)
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
-CLASSES, TRAIN_PER_CLASS, VAL_PER_CLASS = 4, 16, 6
-N_TRAIN, N_VAL = CLASSES * TRAIN_PER_CLASS, CLASSES * VAL_PER_CLASS
-
-
-def write_shards(directory: Path, prefix: str, per_class: int, seed: int, per_shard: int) -> str:
-    """Class-labelled JPEG shards `prefix-000000.tar`, ... (keys `prefix-c-i`); returns their brace pattern."""
-    directory.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    with wds.ShardWriter(str(directory / f"{prefix}-%06d.tar"), maxcount=per_shard, verbose=0) as sink:
-        for c in range(CLASSES):
-            for i in range(per_class):
-                sink.write({"__key__": f"{prefix}-{c}-{i:03d}", "jpg": jpeg(i, rng), "cls": c})
-    last = (CLASSES * per_class - 1) // per_shard
-    return str(directory / f"{prefix}-{{000000..{last:06d}}}.tar")
-
-
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     """(train pattern, val pattern): disjoint images and keys, the same classes and fields."""

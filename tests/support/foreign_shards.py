@@ -54,3 +54,20 @@ def write_shard(path: Path, samples: list[dict]) -> Path:
 def good_samples(prefix, n, rng=None):
     rng = rng or np.random.default_rng(1)
     return [{"__key__": f"{prefix}-{i:02d}", "jpg": jpeg(i, rng), "cls": i % 3} for i in range(n)]
+
+
+# Labelled train and val shards of one class set (data.val_shards)
+LABELLED_CLASSES, TRAIN_PER_CLASS, VAL_PER_CLASS = 4, 16, 6
+N_TRAIN, N_VAL = LABELLED_CLASSES * TRAIN_PER_CLASS, LABELLED_CLASSES * VAL_PER_CLASS
+
+
+def write_shards(directory: Path, prefix: str, per_class: int, seed: int, per_shard: int) -> str:
+    """Class-labelled JPEG shards `prefix-000000.tar`, ... (keys `prefix-c-i`); returns their brace pattern."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    with wds.ShardWriter(str(directory / f"{prefix}-%06d.tar"), maxcount=per_shard, verbose=0) as sink:
+        for c in range(LABELLED_CLASSES):
+            for i in range(per_class):
+                sink.write({"__key__": f"{prefix}-{c}-{i:03d}", "jpg": jpeg(i, rng), "cls": c})
+    last = (LABELLED_CLASSES * per_class - 1) // per_shard
+    return str(directory / f"{prefix}-{{000000..{last:06d}}}.tar")
