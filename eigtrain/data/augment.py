@@ -345,7 +345,7 @@ def _jitter_folded(x: torch.Tensor, factors: torch.Tensor, order: torch.Tensor, 
     """The accelerator path's colour jitter: at each of the four positions of the samples' orders, brightness,
     contrast and saturation are one blend ``f*x + (1-f)*target`` (target 0, the mean gray or the gray image; f = 1
     where a sample does none of them), then hue where chosen: 4 whole-batch blends instead of 12 evaluations and
-    `where`s, with results equal to applying each operation with `_where` (tests/test_gpu_paths.py keeps that as
+    `where`s, with results equal to applying each operation with `_where` (tests/train/test_gpu_paths.py keeps that as
     the reference)."""
     for step in range(4):
         op = order[:, step]
