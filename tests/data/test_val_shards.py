@@ -113,7 +113,7 @@ def test_config_checks_name_data_val_shards(shards, tmp_path):
 
 def test_rr_of_any_encoder_reads_split_val_from_data_val_shards(shards, tmp_path, capsys):
     train, val = shards
-    common = ["encoder=module:tests.test_rr_external:make_encoder", f"data.shards={train}", "data.augment=cifar",
+    common = ["encoder=module:tests.export.test_rr_external:make_encoder", f"data.shards={train}", "data.augment=cifar",
               "data.image_size=16", "num_workers=0", "split=val"]
     assert rr_main([*common, f"data.val_shards={val}", f"out={tmp_path / 'rr'}"]) == 0
     manifest = json.loads((tmp_path / "rr" / "manifest.json").read_text())
