@@ -117,16 +117,43 @@ def _as_override(schema: type, key: str, value: str) -> str:
     if kind == "dict entry":  # a new key of a dict field (encoder.kwargs.KEY=VALUE): add or replace it
         return f"++{key.lstrip('+')}={value}"
     args = set(typing.get_args(kind)) - {type(None)} or {kind}
-    if any(typing.get_origin(t) is list for t in (kind, *args)):  # list[str]: Hydra's [a,b] list syntax
-        args = {list}
+    lists = [t for t in (kind, *args) if typing.get_origin(t) is list]
+    if lists:
+        return f"{key}={_as_list(lists[0], value)}"
+    return f"{key}={_as_value(args, value)}"
+
+
+def _as_value(args: set, value: str) -> str:
+    """One value of declared type(s) `args` in Hydra's override grammar."""
     if args <= {str, Any} and value != "null" and not value.startswith(("'", '"')) \
             and not (Any in args and value.startswith("[")):
-        return f"{key}='{_quoted(value)}'"  # taken literally: commas, braces, `=` are no Hydra syntax here
+        return f"'{_quoted(value)}'"  # taken literally: commas, braces, `=` are no Hydra syntax here
     if args == {int} and _INTEGRAL_FLOAT.match(value):
         number = float(value.replace("_", ""))
         if number == int(number):
-            return f"{key}={int(number)}"
-    return f"{key}={value}"
+            return str(int(number))
+    return value
+
+
+def _as_list(kind, value: str) -> str:
+    """A list key's value: `[a,b]`, `a,b` or one `a` (each item read as the item type: a path item may hold `=`,
+    `~`, braces or parentheses). A value with quotes is the user's own Hydra syntax (quote items holding commas)."""
+    if value == "null" or "'" in value or '"' in value:
+        return value
+    inner = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    item_type = {*typing.get_args(kind)} or {Any}
+    return "[" + ",".join(_as_value(item_type, item.strip()) for item in _top_level_items(inner)) + "]"
+
+
+def _top_level_items(text: str) -> list[str]:
+    """`text` split at the commas outside braces (a shard pattern's {a,b} stays one item); none when empty."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += (char == "{") - (char == "}")
+        if char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    return [*items, text[start:]] if text.strip() else []
 
 
 def _quoted(value: str) -> str:

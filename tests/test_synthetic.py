@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from eigtrain.synthetic.cli import main
-from eigtrain.synthetic.config import SyntheticConfig, apply_overrides
+from eigtrain.synthetic.config import parse_run_args
 from eigtrain.synthetic.kernels import build_kernel, paper_eigenvalues, sup_squared
 from eigtrain.synthetic.metrics import ef_mse_per_function, ev_rae_per_function
 from eigtrain.synthetic.run import run
@@ -96,19 +96,19 @@ def test_metrics_zero_for_perfect_estimate_and_sign_flips():
 
 def test_config_errors_name_the_key():
     with pytest.raises(ValueError, match="unknown key 'stepz'"):
-        apply_overrides(SyntheticConfig(), ["stepz=10"])
-    with pytest.raises(ValueError, match="steps='ten'"):
-        apply_overrides(SyntheticConfig(), ["steps=ten"])
+        parse_run_args(["stepz=10"])
+    with pytest.raises(ValueError, match="bad value for steps: Value 'ten'"):
+        parse_run_args(["steps=ten"])
     with pytest.raises(ValueError, match="objective='simclr'"):
-        apply_overrides(SyntheticConfig(), ["objective=simclr"]).validate()
+        parse_run_args(["objective=simclr"]).validate()
     with pytest.raises(ValueError, match="rank=7"):
-        apply_overrides(SyntheticConfig(), ["rank=7"]).validate()
+        parse_run_args(["rank=7"]).validate()
     with pytest.raises(ValueError, match="adam_beta2=1.0"):
-        apply_overrides(SyntheticConfig(), ["adam_beta2=1"]).validate()
+        parse_run_args(["adam_beta2=1"]).validate()
     assert main(["kernel=bessel"]) == 2
-    paper = apply_overrides(SyntheticConfig(), ["preset=paper", "seed=4"])
+    paper = parse_run_args(["preset=paper", "seed=4"])
     assert (paper.steps, paper.train_samples, paper.schedule, paper.seed) == (300_000, 10_000_000, "constant", 4)
-    assert apply_overrides(SyntheticConfig(), ["steps=3e4", "preset=paper"]).steps == 30_000  # explicit keys win
+    assert parse_run_args(["steps=3e4", "preset=paper"]).steps == 30_000  # explicit keys win
 
 
 def test_cli_writes_json_grid_and_table(tmp_path):
@@ -149,14 +149,14 @@ def test_cli_writes_json_grid_and_table(tmp_path):
 
 
 def test_presets_are_the_recipes():
-    paper = apply_overrides(SyntheticConfig(), ["preset=paper"]).validate()
+    paper = parse_run_args(["preset=paper"]).validate()
     assert (paper.constant_mode, paper.schedule, paper.lr, paper.fourier_features) == ("learned", "constant", 1e-3, "paper")
     assert (paper.train_samples, paper.extraction_pairs, paper.rr_mode, paper.jn_readoff) == (10_000_000, "train", "paper", "paper")
-    ours = apply_overrides(SyntheticConfig(), ["preset=eigtrain"]).validate()
+    ours = parse_run_args(["preset=eigtrain"]).validate()
     assert (ours.constant_mode, ours.schedule, ours.rr_mode, ours.jn_readoff, ours.steps) == ("learned", "cosine", "generalized", "gs", 30_000)
     assert (ours.adam_beta2, ours.lr, paper.adam_beta2) == (0.99, 3e-3, 0.999)
     with pytest.raises(ValueError, match="extraction_pairs=train needs a training pool"):
-        apply_overrides(SyntheticConfig(), ["extraction_pairs=train"]).validate()
+        parse_run_args(["extraction_pairs=train"]).validate()
 
 
 @pytest.mark.slow
@@ -164,7 +164,7 @@ def test_short_training_recovers_eigenfunctions():
     """LoRA (SCL) + Rayleigh-Ritz on Legendre r = 6 in 400 steps: EF-MSE < 0.11 and EV-RAE < 0.1
     (the paper, 3e5 steps: 0.111 and 0.045; seeds 0 and 1 measured 0.056 / 0.033 and 0.029 / 0.030)."""
     overrides = ["rank=6", "extraction=rr", "steps=400", "rr_samples=100000", "eval_samples=100000", "log_every=400"]
-    result = run(apply_overrides(SyntheticConfig(), overrides))
+    result = run(parse_run_args(overrides))
     assert result["ef_mse"] < 0.11, result["ef_mse_per_function"]
     assert result["ev_rae"] < 0.1, result["ev_rae_per_function"]
 
@@ -216,7 +216,7 @@ def test_vicreg_is_compared_with_the_centered_kernels_eigenpairs():
     with pytest.raises(ValueError, match="rank-8 kernel"):
         evaluate(encoder, kernel, extract_all(acc, "vicreg_paper"), 100, torch.Generator().manual_seed(1), first=5)
     with pytest.raises(ValueError, match="constant_mode=fixed with objective=vicreg_paper"):
-        apply_overrides(SyntheticConfig(), ["objective=vicreg_paper"]).validate()
+        parse_run_args(["objective=vicreg_paper"]).validate()
 
 
 def test_grid_fills_a_cell_a_few_methods_at_a_time(tmp_path):

@@ -5,15 +5,15 @@ import dataclasses
 import pytest
 import torch
 
-from eigtrain.synthetic.config import SyntheticConfig, apply_overrides
+from eigtrain.synthetic.config import parse_run_args
 from eigtrain.synthetic.kernels import build_kernel
 from eigtrain.synthetic.run import run, run_ensemble
 from eigtrain.synthetic.train import train, train_single
 
 
 def _cfgs(kernel="legendre", **extra):
-    base = apply_overrides(SyntheticConfig(), ["rank=6", "width=16", "depth=2", "batch_size=64", "steps=15", "lr=3e-3",
-                                               "constant_mode=learned", "log_every=15", f"kernel={kernel}"])
+    base = parse_run_args(["rank=6", "width=16", "depth=2", "batch_size=64", "steps=15", "lr=3e-3",
+                           "constant_mode=learned", "log_every=15", f"kernel={kernel}"])
     base = dataclasses.replace(base, **extra)
     members = [("scl", "joint", 0), ("rq", "rr", 1), ("vicreg_paper", "joint", 2), ("scl", "rr", 1)]
     return [dataclasses.replace(base, objective=o, extraction=e, seed=s) for o, e, s in members]

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from eigtrain.synthetic.config import SyntheticConfig, apply_overrides
+from eigtrain.synthetic.config import parse_run_args
 from eigtrain.synthetic.kernels import build_kernel
 from eigtrain.synthetic.train import train, train_single
 
@@ -23,7 +23,8 @@ METHODS = [("scl", "joint"), ("scl", "rr"), ("rq", "joint"), ("rq", "rr"), ("vic
 def main(argv):
     opts = dict(a.split("=", 1) for a in argv)
     members, unbatched_runs = int(opts.pop("members", 30)), int(opts.pop("unbatched_runs", 6))
-    base = apply_overrides(SyntheticConfig(), ["rank=10", "steps=20", "constant_mode=learned", "log_every=1000000"] + [f"{k}={v}" for k, v in opts.items()])
+    keys = {"rank": 10, "steps": 20, "constant_mode": "learned", "log_every": 1000000, **opts}  # given keys win
+    base = parse_run_args([f"{k}={v}" for k, v in keys.items()])
     torch.set_num_threads(base.threads)
     cfgs = [dataclasses.replace(base, objective=o, extraction=e, seed=i // len(METHODS)) for i, (o, e) in zip(range(members), METHODS * members)]
     kernel = build_kernel(base.kernel, base.rank)

@@ -1,7 +1,7 @@
 """eigtrain-synthetic: one run, or a table over a grid of runs.
 
-  eigtrain-synthetic kernel=legendre|fourier|fourier_sum rank=8 objective=lora|scl|rq|rq_direct|vicreg|vicreg_paper \\
-      extraction=joint|rr steps=N seed=S out=FILE.json [any SyntheticConfig key=value]
+  eigtrain-synthetic kernel=KERNEL rank=8 objective=OBJECTIVE extraction=joint|rr steps=N seed=S out=FILE.json \\
+      [any SyntheticConfig key=value]
   eigtrain-synthetic preset=paper|eigtrain ...   the paper's recipe (appendix G) or eigtrain's
   eigtrain-synthetic grid recipe=paper|eigtrain kernels=legendre,fourier ranks=8,6,10 seeds=0,1,2,3,4 \\
       dir=DIR steps=N    one batched ensemble (6 methods x seeds) per (kernel, rank), one compact JSON each
@@ -13,9 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-from eigtrain.cli import compose_dataclass
-from eigtrain.synthetic.config import PRESETS, SyntheticConfig
+from eigtrain.synthetic.config import OBJECTIVES, parse_run_args
 from eigtrain.synthetic.grid import parse_grid_args, run_grid
+from eigtrain.synthetic.kernels import KERNELS
 from eigtrain.synthetic.run import run
 from eigtrain.synthetic.table import make_table, parse_table_args
 
@@ -30,7 +30,7 @@ def summary(result: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in args):
-        print(__doc__)
+        print(f"{__doc__}\nKERNEL: {', '.join(KERNELS)}\nOBJECTIVE: {', '.join(OBJECTIVES)}")
         return 0
     try:
         if args and args[0] == "table":
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         if args and args[0] == "grid":
             print("\n".join(str(p) for p in run_grid(parse_grid_args(args[1:]))))
             return 0
-        cfg = compose_dataclass(SyntheticConfig, args, groups={"preset": PRESETS}).validate()
+        cfg = parse_run_args(args).validate()
         result = run(cfg)
     except (ValueError, FileNotFoundError) as error:
         print(f"eigtrain-synthetic: {error}", file=sys.stderr)

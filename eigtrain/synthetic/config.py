@@ -1,11 +1,14 @@
-"""Configuration of one synthetic run and its key=value overrides."""
+"""Configuration of one synthetic run, composed from its key=value command line like every eigtrain command."""
 
 import dataclasses
 from dataclasses import dataclass
 
+from eigtrain.cli import compose_dataclass
+from eigtrain.objectives import OBJECTIVES as OBJECTIVE_REGISTRY
+from eigtrain.synthetic.extract import MEAN_INVARIANT
 from eigtrain.synthetic.kernels import KERNELS
 
-OBJECTIVES = ("lora", "scl", "rq", "rq_direct", "vicreg", "vicreg_paper")
+OBJECTIVES = tuple(OBJECTIVE_REGISTRY)  # every objective eigtrain trains with runs here too
 EXTRACTIONS = ("joint", "rr")
 RR_MODES = ("generalized", "paper")
 JN_READOFFS = ("gs", "paper")
@@ -58,7 +61,7 @@ class SyntheticConfig:
     kernel: str = "legendre"  # legendre (p = 1) | fourier (p = 2)
     rank: int = 8  # kernel rank r; the encoder extracts d = r / 2 eigenpairs
     input_dim: int = 0  # p; 0 = the paper's (1 for legendre, 2 for fourier)
-    objective: str = "scl"  # lora (= scl with one encoder) | scl | rq | rq_direct | vicreg | vicreg_paper
+    objective: str = "scl"  # a name of eigtrain's objectives registry (lora = scl here: one encoder, two views)
     extraction: str = "joint"  # joint: train with joint nesting | rr: train plain, then Rayleigh-Ritz
     # fixed: coordinate 1 is the constant function, the top eigenfunction of every such kernel | learned (the paper)
     constant_mode: str = "fixed"
@@ -114,14 +117,14 @@ class SyntheticConfig:
         }
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
-                raise ValueError(f"{key}={getattr(self, key)!r}: expected one of {', '.join(allowed)}")
+                raise ValueError(f"{key}={getattr(self, key)!r} is not allowed; allowed: {', '.join(allowed)}")
         positive = ("rank", "steps", "batch_size", "width", "depth", "eval_samples", "threads", "log_every")
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key}={getattr(self, key)}: must be positive")
         if self.rank < 2 or self.rank % 2:
             raise ValueError(f"rank={self.rank}: must be an even number >= 2 (the encoder extracts d = rank / 2)")
-        if self.constant_mode == "fixed" and self.objective in ("vicreg", "vicreg_paper"):
+        if self.constant_mode == "fixed" and self.objective in MEAN_INVARIANT:
             raise ValueError(f"constant_mode=fixed with objective={self.objective}: VICReg's loss sees centered features only, "
                              "so its features estimate psi_2..psi_(d+1) and a fixed constant coordinate has nothing to estimate")
         if self.constant_mode == "fixed" and self.dim < 2:
@@ -147,42 +150,10 @@ class SyntheticConfig:
         return self
 
 
-def convert(key: str, text: str, like):
-    """Parse text as the type of the default value `like`; integers accept 3e5 and 300_000."""
-    try:
-        if isinstance(like, bool):
-            if text.lower() not in ("true", "false", "1", "0"):
-                raise ValueError
-            return text.lower() in ("true", "1")
-        if isinstance(like, int):
-            value = float(text.replace("_", ""))
-            if value != int(value):
-                raise ValueError
-            return int(value)
-        if isinstance(like, float):
-            return float(text)
-        return text
-    except ValueError:
-        raise ValueError(f"{key}={text!r}: expected {type(like).__name__}") from None
-
-
-def apply_overrides(config, args: list[str]):
-    """Return a copy of dataclass `config` with key=value strings applied; unknown keys raise."""
-    defaults = dataclasses.asdict(config)
-    updates = {}
-    presets = [a.partition("=")[2] for a in args if a.startswith("preset=")]
-    if presets and "preset" in defaults:
-        if presets[-1] not in PRESETS:
-            raise ValueError(f"preset={presets[-1]!r}: expected one of {', '.join(PRESETS)}")
-        updates.update(PRESETS[presets[-1]])
-    for arg in args:
-        key, sep, text = arg.partition("=")
-        if not sep:
-            raise ValueError(f"argument {arg!r}: expected key=value")
-        if key not in defaults:
-            raise ValueError(f"unknown key {key!r}; allowed: {', '.join(defaults)}")
-        updates[key] = convert(key, text, defaults[key])
-    return dataclasses.replace(config, **updates)
+def parse_run_args(argv: list[str]) -> SyntheticConfig:
+    """One run's config from key=value arguments (`preset=NAME` first, explicit keys win); not yet validated.
+    Unknown keys and wrong types are one ValueError line, as for every eigtrain command (eigtrain.cli)."""
+    return compose_dataclass(SyntheticConfig, argv, groups={"preset": PRESETS})
 
 
 def stored_with_defaults(stored: dict) -> dict:

@@ -12,7 +12,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eigtrain.synthetic.config import PRESETS, SyntheticConfig, apply_overrides, stored_with_defaults
+from eigtrain.cli import compose_dataclass
+from eigtrain.synthetic.config import PRESETS, SyntheticConfig, parse_run_args, stored_with_defaults
+from eigtrain.synthetic.kernels import KERNELS
 from eigtrain.synthetic.paper import METHODS, superseded
 from eigtrain.synthetic.run import run_ensemble
 
@@ -26,41 +28,48 @@ DECIMALS = 5
 @dataclass
 class GridConfig:
     recipe: str = "eigtrain"  # a preset: paper | eigtrain
-    kernels: str = "legendre,fourier"
-    ranks: str = "8,6,10"
-    methods: str = ",".join(METHODS)
-    seeds: str = "0,1,2,3,4"
+    kernels: list[str] = field(default_factory=lambda: ["legendre", "fourier"])  # kernels=legendre,fourier
+    ranks: list[int] = field(default_factory=lambda: [8, 6, 10])
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
     dir: str = "benchmarks/synthetic/eigtrain"
-    run_overrides: list = field(default_factory=list)
+    run_overrides: list[str] = field(default_factory=list)  # the run keys (SyntheticConfig's), KERNEL.key for one
 
-    def lists(self):
-        methods = self.methods.split(",")
-        for method in methods:
-            if method not in METHODS:
-                raise ValueError(f"methods: {method!r} is unknown; allowed: {', '.join(METHODS)}")
-        if self.recipe not in PRESETS:
-            raise ValueError(f"recipe={self.recipe!r}: expected one of {', '.join(PRESETS)}")
-        return self.kernels.split(","), [int(r) for r in self.ranks.split(",")], methods, [int(s) for s in self.seeds.split(",")]
+    def validate(self) -> "GridConfig":
+        for key, values, allowed in (("recipe", [self.recipe], PRESETS), ("kernels", self.kernels, KERNELS),
+                                     ("methods", self.methods, METHODS)):
+            for value in values:
+                if value not in allowed:
+                    raise ValueError(f"{key}={value!r} is not allowed; allowed: {', '.join(allowed)}")
+        for arg in self.run_overrides:  # KERNEL.key=value: a typo in KERNEL would silently apply nowhere
+            kernel = arg.partition("=")[0].partition(".")[0]
+            if "." in arg.partition("=")[0] and kernel not in KERNELS:
+                raise ValueError(f"{arg}: {kernel!r} is no kernel; KERNEL.key=value takes one of {', '.join(KERNELS)}")
+        for kernel in self.kernels:  # every cell's run keys compose and validate before any training
+            for rank in self.ranks:
+                cell_configs(self, kernel, rank)
+        return self
 
 
 def parse_grid_args(args: list[str]) -> GridConfig:
+    """The grid's own keys compose GridConfig; every other argument is a run key of each cell's runs."""
     keys = {f.name for f in dataclasses.fields(GridConfig)} - {"run_overrides"}
-    cfg = apply_overrides(GridConfig(), [a for a in args if a.partition("=")[0] in keys])
-    cfg.run_overrides = [a for a in args if a.partition("=")[0] not in keys]
-    cfg.lists()
-    return cfg
+    grid = compose_dataclass(GridConfig, [a for a in args if a.partition("=")[0] in keys])
+    grid.run_overrides = [a for a in args if a.partition("=")[0] not in keys]
+    return grid.validate()
 
 
 def cell_configs(grid: GridConfig, kernel: str, rank: int) -> list[SyntheticConfig]:
     """The runs of one cell: the recipe, shared run keys, then KERNEL.key=value keys for this kernel."""
-    _, _, methods, seeds = grid.lists()
     shared = [a for a in grid.run_overrides if "." not in a.partition("=")[0]]
     own = [a.partition(".")[2] for a in grid.run_overrides if a.startswith(f"{kernel}.")]
-    base = apply_overrides(SyntheticConfig(), [f"preset={grid.recipe}", *shared, *own])
+    by_key = {a.partition("=")[0]: a for a in [f"preset={grid.recipe}", *shared, *own]}  # a kernel's own key wins
+    base = parse_run_args(list(by_key.values()))
     return [
-        dataclasses.replace(base, kernel=kernel, rank=rank, objective=FAMILY_OBJECTIVE[m.split("-")[0]], extraction=EXTRACTION[m.split("-")[1]], seed=s).validate()
-        for m in methods
-        for s in seeds
+        dataclasses.replace(base, kernel=kernel, rank=rank, objective=FAMILY_OBJECTIVE[m.split("-")[0]],
+                            extraction=EXTRACTION[m.split("-")[1]], seed=s).validate()
+        for m in grid.methods
+        for s in grid.seeds
     ]
 
 
@@ -116,10 +125,10 @@ def stored_cell(path: Path, cfgs: list[SyntheticConfig], seeds: list[int]) -> di
 def run_grid(grid: GridConfig) -> list[Path]:
     """Train each cell's methods that its file lacks (or holds in a superseded form); methods already
     stored with the same config and seeds are kept, so a cell can be filled a few methods at a time."""
-    kernels, ranks, methods, seeds = grid.lists()
+    methods, seeds = grid.methods, grid.seeds
     written = []
-    for rank in ranks:
-        for kernel in kernels:
+    for rank in grid.ranks:
+        for kernel in grid.kernels:
             path = Path(grid.dir) / f"{kernel}_r{rank}.json"
             cfgs = cell_configs(grid, kernel, rank)
             stored = stored_cell(path, cfgs, seeds)

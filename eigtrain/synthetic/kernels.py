@@ -94,7 +94,7 @@ def paper_eigenvalues(name: str, rank: int, input_dim: int, decay: float = 0.3) 
 
 def build_kernel(name: str, rank: int, input_dim: int | None = None, eigenvalues=None) -> SyntheticKernel:
     if name not in KERNELS:
-        raise ValueError(f"kernel={name!r}: expected one of {', '.join(KERNELS)}")
+        raise ValueError(f"kernel={name!r} is not allowed; allowed: {', '.join(KERNELS)}")
     if rank < 2:
         raise ValueError(f"rank={rank}: a synthetic kernel needs rank >= 2")
     input_dim = PAPER_INPUT_DIM[name] if input_dim is None else input_dim

@@ -7,10 +7,11 @@ eigtrain recipe, every extraction of the same runs, per-function errors, and a P
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from eigtrain.synthetic.config import apply_overrides, stored_with_defaults
+from eigtrain.cli import compose_dataclass
+from eigtrain.synthetic.config import stored_with_defaults
 from eigtrain.synthetic.paper import METHODS, PAPER_STEPS, PAPER_TABLE, superseded
 
 METHOD_LABELS = {"lora-rr": "LoRA-RR", "lora-jn": "LoRA-JN", "rq-rr": "RQ-RR", "rq-jn": "RQ-JN", "vicreg-rr": "VICReg-RR", "vicreg-jn": "VICReg-JN"}
@@ -20,27 +21,28 @@ EXTRACTIONS = ("ordered_paper", "ordered", "ordered_gs", "rr_generalized", "rr_p
 
 @dataclass
 class TableConfig:
-    recipes: str = "paper,eigtrain"  # one sub-directory of dir per recipe, written by `grid`
-    goal: str = "eigtrain"  # the recipes (sub-directories) whose cells get the goal check
+    # one sub-directory of dir per recipe, written by `grid` (recipes=paper,eigtrain)
+    recipes: list[str] = field(default_factory=lambda: ["paper", "eigtrain"])
+    goal: list[str] = field(default_factory=lambda: ["eigtrain"])  # the recipes whose cells get the goal check
     # recipes that are one recipe run at different budgets: a cell counts as met if any of them meets it
-    union: str = ""
-    kernels: str = "legendre,fourier"
-    ranks: str = "6,8,10"
+    union: list[str] = field(default_factory=list)
+    kernels: list[str] = field(default_factory=lambda: ["legendre", "fourier"])
+    ranks: list[int] = field(default_factory=lambda: [6, 8, 10])
     dir: str = "benchmarks/synthetic"
     out: str = "benchmarks/synthetic/table.md"
 
 
 def parse_table_args(args: list[str]) -> TableConfig:
-    return apply_overrides(TableConfig(), args)
+    return compose_dataclass(TableConfig, args)
 
 
 def load_cells(table: TableConfig) -> dict:
     """(recipe, kernel, rank) -> cell dict, for the cells present; superseded VICReg results (compared with
     psi_1..psi_d, which a centered objective cannot represent) are left out."""
     cells = {}
-    for recipe in dict.fromkeys(table.recipes.split(",") + [r for r in table.union.split(",") if r]):
-        for kernel in table.kernels.split(","):
-            for rank in (int(r) for r in table.ranks.split(",")):
+    for recipe in dict.fromkeys(table.recipes + table.union):
+        for kernel in table.kernels:
+            for rank in table.ranks:
                 path = Path(table.dir) / recipe / f"{kernel}_r{rank}.json"
                 if path.exists():
                     cell = json.loads(path.read_text())
@@ -73,11 +75,11 @@ def meets_goal(cell: dict, kernel: str, rank: int, method: str) -> bool:
 
 
 def main_table(table: TableConfig, cells: dict) -> str:
-    recipes = table.recipes.split(",")
+    recipes = table.recipes
     header = "| Kernel | Metric | Rows | " + " | ".join(METHOD_LABELS[m] for m in METHODS) + " |"
     lines = [header, "|" + "---|" * (3 + len(METHODS))]
-    for kernel in table.kernels.split(","):
-        for rank in (int(r) for r in table.ranks.split(",")):
+    for kernel in table.kernels:
+        for rank in table.ranks:
             label = f"{kernel.capitalize()} r={rank}, d={rank // 2}"
             for metric, name in METRICS:
                 for recipe in recipes:
@@ -98,7 +100,7 @@ def method_header(first: str) -> list[str]:
 
 def kernel_ranks(table: TableConfig):
     """The (kernel, rank) cells a table covers, in the paper's order."""
-    return ((kernel, int(rank)) for kernel in table.kernels.split(",") for rank in table.ranks.split(","))
+    return ((kernel, rank) for kernel in table.kernels for rank in table.ranks)
 
 
 def goal_table(table: TableConfig, cells: dict, recipe: str = "eigtrain") -> str:
@@ -116,7 +118,7 @@ def goal_table(table: TableConfig, cells: dict, recipe: str = "eigtrain") -> str
 
 def union_table(table: TableConfig, cells: dict) -> str:
     """The goal check over several budgets of one recipe: each cell names the budget(s) that meet it."""
-    recipes = table.union.split(",")
+    recipes = table.union
     lines = method_header("Kernel")
     met = 0
     for kernel, rank in kernel_ranks(table):
@@ -127,7 +129,7 @@ def union_table(table: TableConfig, cells: dict) -> str:
             met += bool(meeting)
             marks.append(f"yes ({', '.join(meeting)})" if meeting else ("no" if runs else "not run"))
         lines.append(f"| {kernel} r={rank} | " + " | ".join(marks) + " |")
-    total = len(table.kernels.split(",")) * len(table.ranks.split(",")) * len(METHODS)
+    total = len(table.kernels) * len(table.ranks) * len(METHODS)
     return (f"Cells meeting the goal with any of {', '.join(recipes)}: **{met} of {total}**.\n\n" + "\n".join(lines) + "\n"
             + "\nThe same budgets' values (EF-MSE / EV-RAE, mean ± s.e. over seeds; **bold: goal met**):\n\n"
             + union_values_table(table, cells))
@@ -143,7 +145,7 @@ def union_values_table(table: TableConfig, cells: dict) -> str:
 
     lines = method_header("Cell")
     for kernel, rank in kernel_ranks(table):
-        for recipe in table.union.split(","):
+        for recipe in table.union:
             if cell := cells.get((recipe, kernel, rank)):
                 lines.append(f"| {kernel.capitalize()} r={rank} `{recipe}` | " + " | ".join(value(cell, kernel, rank, m) for m in METHODS) + " |")
         paper = PAPER_TABLE[(kernel, rank)]
@@ -230,7 +232,7 @@ def make_table(table: TableConfig) -> str:
     text = (
         "Budgets and settings per cell file:\n\n" + budgets(cells)
         + "\n" + main_table(table, cells)
-        + "".join("\n" + goal_table(table, cells, recipe) for recipe in table.goal.split(",") if recipe)
+        + "".join("\n" + goal_table(table, cells, recipe) for recipe in table.goal)
         + ("\n" + union_table(table, cells) if table.union else "")
         + "\nEvery extraction of the same runs (EF-MSE / EV-RAE, mean over seeds): `ordered_paper` is the paper's plain "
         "read-off, `ordered_gs` eigtrain's, `rr_paper` appendix F, `rr_generalized` eigtrain's Rayleigh-Ritz:\n\n"

@@ -8,11 +8,12 @@ import sys
 import torch
 
 torch.set_num_threads(1)
-from eigtrain.synthetic.config import SyntheticConfig, apply_overrides
+from eigtrain.synthetic.config import parse_run_args
 from eigtrain.synthetic.kernels import build_kernel
 from eigtrain.synthetic.train import build_encoder, learning_rate, objective_coefficients, PairStream, generator, STREAM_TRAIN
 from eigtrain.objectives import build_objective
-cfg = apply_overrides(SyntheticConfig(), ["preset=eigtrain", "rank=8", "lr=3e-3", "steps=1500"] + sys.argv[1:]).validate()
+keys = {"preset": "eigtrain", "rank": 8, "lr": 3e-3, "steps": 1500, **dict(a.split("=", 1) for a in sys.argv[1:])}
+cfg = parse_run_args([f"{k}={v}" for k, v in keys.items()]).validate()
 kernel = build_kernel(cfg.kernel, cfg.rank)
 enc = build_encoder(cfg, kernel)
 obj = build_objective(cfg.objective, cfg.dim, nesting="joint" if cfg.extraction == "joint" else "none", distributed=False, pairs=False, **objective_coefficients(cfg))
