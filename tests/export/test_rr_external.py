@@ -111,7 +111,7 @@ def make_not_a_module():
 
 def test_module_factory_with_kwargs(foreign_shards, tmp_path):
     out = tmp_path / "rr"
-    assert rr_main(["encoder=module:tests.test_rr_external:make_encoder", "encoder.kwargs.dim=9",
+    assert rr_main(["encoder=module:tests.export.test_rr_external:make_encoder", "encoder.kwargs.dim=9",
                     f"data.shards={foreign_shards}", "data.augment=cifar", "data.image_size=16", f"out={out}", "num_workers=0"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["dim"] == 9 and manifest["n"] == N and manifest["source"]["kwargs"] == {"dim": 9}
@@ -120,11 +120,11 @@ def test_module_factory_with_kwargs(foreign_shards, tmp_path):
 @pytest.mark.parametrize(
     "encoder, message",
     [
-        ("module:tests.test_rr_external:make_feature_map_encoder", "returned shape (2, 12, 4, 4) for a batch of 2; it must return (batch, d)"),
-        ("module:tests.test_rr_external:make_tuple_encoder", "returned tuple; it must return one tensor of shape (batch, d)"),
-        ("module:tests.test_rr_external:make_not_a_module", "the factory returned str, not a torch.nn.Module"),
-        ("module:tests.test_rr_external:no_such_factory", "cannot import 'no_such_factory'"),
-        ("module:tests.test_rr_external:make_encoder encoder.kwargs.width=3", "the factory does not take encoder.kwargs {'width': 3}"),
+        ("module:tests.export.test_rr_external:make_feature_map_encoder", "returned shape (2, 12, 4, 4) for a batch of 2; it must return (batch, d)"),
+        ("module:tests.export.test_rr_external:make_tuple_encoder", "returned tuple; it must return one tensor of shape (batch, d)"),
+        ("module:tests.export.test_rr_external:make_not_a_module", "the factory returned str, not a torch.nn.Module"),
+        ("module:tests.export.test_rr_external:no_such_factory", "cannot import 'no_such_factory'"),
+        ("module:tests.export.test_rr_external:make_encoder encoder.kwargs.width=3", "the factory does not take encoder.kwargs {'width': 3}"),
         ("timm:no_such_model_xyz", "Unknown model"),
         ("timm:test_vit encoder.kwargs.patch_size=32", "fails on a batch of shape (2, 3, 16, 16)"),
         ("resnet50", "use timm:NAME"),
@@ -197,7 +197,7 @@ def test_module_factory_over_eigtrain_shards_counts_against_the_index(tmp_path):
 
     shards_main(["source=digits", f"out={tmp_path / 'digits'}"])
     out = tmp_path / "rr"
-    assert rr_main(["encoder=module:tests.test_rr_external:make_gray_encoder", f"data.root={tmp_path / 'digits'}",
+    assert rr_main(["encoder=module:tests.export.test_rr_external:make_gray_encoder", f"data.root={tmp_path / 'digits'}",
                     "data.augment=digits", f"out={out}", "num_workers=0"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["n"] == read_index(tmp_path / "digits").num_samples("train") == 1438 and manifest["dim"] == 10
