@@ -2,7 +2,7 @@
 process) against bad shards on disk and behind a fault-injecting HTTP server on 127.0.0.1 (tests/support/fault_server.py),
 bad command lines and bad output places. Each case states what eigtrain does: one line naming the cause (exit code
 2 or a SystemExit message), or a completed run; nothing hangs (every case runs under a timeout) and no user file or
-finished work is lost (the user's files are hashed before and after). README.md's "Bad input" table is this one.
+finished work is lost (the user's files are hashed before and after). docs/bad-input.md's table is this one.
 """
 
 from __future__ import annotations
