@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI: the GPU machine's offline install, proven here without a GPU (tests/test_gpu_check.py runs it; slow).
+# CI: the GPU machine's offline install, proven here without a GPU (tests/launch/test_gpu_check.py runs it; slow).
 #
 #   bash tools/ci_offline_install.sh
 #
