@@ -1,4 +1,4 @@
-"""Rayleigh-Ritz: order any embedding's span into eigenfunctions with eigenvalues (DESIGN.md section 3).
+"""Rayleigh-Ritz: order any embedding's span into eigenfunctions with eigenvalues (docs/export.md).
 
 Stream positive pairs (z1, z2) once into an RRAccumulator (float64 means and centered co-moments,
 merged exactly with Chan's parallel update across batches, workers and ranks), then `solve`:
