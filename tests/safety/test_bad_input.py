@@ -29,7 +29,7 @@ from tests.support.foreign_shards import good_samples, write_shard
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")]
 
-ENCODER = "encoder=module:tests.test_bad_input:tiny_encoder"
+ENCODER = "encoder=module:tests.safety.test_bad_input:tiny_encoder"
 
 
 def tiny_encoder() -> torch.nn.Module:
