@@ -2,7 +2,7 @@
 # CI: the eigtrain wheel, installed into a fresh virtual environment, trains from an unrelated directory.
 #
 #   tools/ci_wheel.sh                 build, install into a fresh venv, train (cpu_debug, 3 steps) elsewhere
-#   tools/ci_wheel.sh --build DIR     only build the wheel into DIR (tests/test_packaging.py)
+#   tools/ci_wheel.sh --build DIR     only build the wheel into DIR (tests/system/test_packaging.py)
 #
 # The wheel is built from a copy of the sources (pyproject.toml, setup.py, eigtrain/, configs/, launch/), as a
 # release would be. The fresh venv gets eigtrain from that wheel only (pip install --no-deps); its

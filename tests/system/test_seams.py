@@ -40,7 +40,7 @@ COMMON = ["experiment=cpu_debug", "steps=2", "checkpoint_every=2", "log_every=1"
           "logging.wandb.mode=disabled", "logging.progress=false", "data.num_workers=1"]
 FOREIGN = ["data.image_size=[16,16]", "data.image_fit=whole", "data.label_key=cls", "data.augment=cifar",
            "data.shuffle_block=10", "batch_size=16"]
-USER_MODEL = "module:tests.test_seams:make_encoder"
+USER_MODEL = "module:tests.system.test_seams:make_encoder"
 
 
 def make_encoder(channels: int = 3, dim: int = 12) -> torch.nn.Module:
