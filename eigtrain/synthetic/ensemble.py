@@ -5,7 +5,7 @@ torch.manual_seed(seed)), its own objective and its own Adam state and step coun
 seed share the same training batches (the same PairStream a single run of that seed draws). The MLP is
 one torch.baddbmm per layer over all members, so M runs cost one process, one Python loop and large
 matmuls instead of M processes. Member m is the single run of its config up to matmul rounding
-(tests/test_synthetic_ensemble.py).
+(tests/synthetic/test_synthetic_ensemble.py).
 """
 
 from __future__ import annotations
