@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set everything up on a fresh machine (Python venv, the package with its dev extra, the local Slurm
 # cluster's Debian packages) and run the whole test suite. This is the command .ci/run runs.
+# Arguments go to pytest: `bash tools/run_tests.sh -m "not slow"` is the quick loop, `tests/data` one area.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
