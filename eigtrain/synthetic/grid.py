@@ -27,15 +27,22 @@ DECIMALS = 5
 
 @dataclass
 class GridConfig:
-    recipe: str = "eigtrain"  # a preset: paper | eigtrain
-    kernels: list[str] = field(default_factory=lambda: ["legendre", "fourier"])  # kernels=legendre,fourier
-    ranks: list[int] = field(default_factory=lambda: [8, 6, 10])
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
-    dir: str = "benchmarks/synthetic/eigtrain"
-    run_overrides: list[str] = field(default_factory=list)  # the run keys (SyntheticConfig's), KERNEL.key for one
+    """The grid's own keys. Every other argument is a run key of eigtrain-synthetic for every cell, or
+    KERNEL.key=value for that kernel's cells only (e.g. fourier.lr=3e-3)."""
 
-    def validate(self) -> "GridConfig":
+    recipe: str = "eigtrain"  # the preset every run starts from: paper | eigtrain
+    kernels: list[str] = field(default_factory=lambda: ["legendre", "fourier"])  # e.g. kernels=legendre,fourier
+    ranks: list[int] = field(default_factory=lambda: [8, 6, 10])  # kernel ranks r; one cell per (kernel, rank)
+    methods: list[str] = field(default_factory=lambda: list(METHODS))  # the paper's columns, family-extraction
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])  # one run per method and seed
+    dir: str = "benchmarks/synthetic/eigtrain"  # one cell file per (kernel, rank): DIR/KERNEL_rRANK.json
+
+
+@dataclass
+class Grid(GridConfig):
+    run_overrides: list[str] = field(default_factory=list)  # run keys for every cell; KERNEL.key=value for one
+
+    def validate(self) -> "Grid":
         for key, values, allowed in (("recipe", [self.recipe], PRESETS), ("kernels", self.kernels, KERNELS),
                                      ("methods", self.methods, METHODS)):
             for value in values:
@@ -51,15 +58,15 @@ class GridConfig:
         return self
 
 
-def parse_grid_args(args: list[str]) -> GridConfig:
+def parse_grid_args(args: list[str]) -> Grid:
     """The grid's own keys compose GridConfig; every other argument is a run key of each cell's runs."""
-    keys = {f.name for f in dataclasses.fields(GridConfig)} - {"run_overrides"}
+    keys = {f.name for f in dataclasses.fields(GridConfig)}
     grid = compose_dataclass(GridConfig, [a for a in args if a.partition("=")[0] in keys])
-    grid.run_overrides = [a for a in args if a.partition("=")[0] not in keys]
-    return grid.validate()
+    run_overrides = [a for a in args if a.partition("=")[0] not in keys]
+    return Grid(**dataclasses.asdict(grid), run_overrides=run_overrides).validate()
 
 
-def cell_configs(grid: GridConfig, kernel: str, rank: int) -> list[SyntheticConfig]:
+def cell_configs(grid: Grid, kernel: str, rank: int) -> list[SyntheticConfig]:
     """The runs of one cell: the recipe, shared run keys, then KERNEL.key=value keys for this kernel."""
     shared = [a for a in grid.run_overrides if "." not in a.partition("=")[0]]
     own = [a.partition(".")[2] for a in grid.run_overrides if a.startswith(f"{kernel}.")]
@@ -122,7 +129,7 @@ def stored_cell(path: Path, cfgs: list[SyntheticConfig], seeds: list[int]) -> di
     return stored if same and stored["seeds"] == seeds else None
 
 
-def run_grid(grid: GridConfig) -> list[Path]:
+def run_grid(grid: Grid) -> list[Path]:
     """Train each cell's methods that its file lacks (or holds in a superseded form); methods already
     stored with the same config and seeds are kept, so a cell can be filled a few methods at a time."""
     methods, seeds = grid.methods, grid.seeds

@@ -21,15 +21,13 @@ EXTRACTIONS = ("ordered_paper", "ordered", "ordered_gs", "rr_generalized", "rr_p
 
 @dataclass
 class TableConfig:
-    # one sub-directory of dir per recipe, written by `grid` (recipes=paper,eigtrain)
-    recipes: list[str] = field(default_factory=lambda: ["paper", "eigtrain"])
+    recipes: list[str] = field(default_factory=lambda: ["paper", "eigtrain"])  # sub-directories of dir, by `grid`
     goal: list[str] = field(default_factory=lambda: ["eigtrain"])  # the recipes whose cells get the goal check
-    # recipes that are one recipe run at different budgets: a cell counts as met if any of them meets it
-    union: list[str] = field(default_factory=list)
-    kernels: list[str] = field(default_factory=lambda: ["legendre", "fourier"])
-    ranks: list[int] = field(default_factory=lambda: [6, 8, 10])
-    dir: str = "benchmarks/synthetic"
-    out: str = "benchmarks/synthetic/table.md"
+    union: list[str] = field(default_factory=list)  # budgets of one recipe: a cell is met if any of them meets it
+    kernels: list[str] = field(default_factory=lambda: ["legendre", "fourier"])  # the table's kernels, in order
+    ranks: list[int] = field(default_factory=lambda: [6, 8, 10])  # the table's ranks, in order
+    dir: str = "benchmarks/synthetic"  # holds one sub-directory per recipe; eigenfunctions.png is written here
+    out: str = "benchmarks/synthetic/table.md"  # the markdown written (empty: print only)
 
 
 def parse_table_args(args: list[str]) -> TableConfig:
