@@ -219,7 +219,7 @@ def check_hydra_command_line(argv: Sequence[str], check: Callable[[list[str], st
     except ConfigError:
         raise
     except (HydraException, OmegaConfBaseException) as error:
-        raise ConfigError(_brace_hint(overrides) or error_line(error)) from None
+        raise ConfigError(_brace_hint(overrides) or _grammar_hint(overrides) or error_line(error)) from None
 
 
 _BRACE_PATTERN = re.compile(r"\{[^{}]*(\.\.|,)[^{}]*\}")  # {000..099} or {a,b}: a shard pattern, not Hydra syntax
@@ -238,6 +238,21 @@ def check_repeated_keys(overrides: Sequence[str]) -> None:
         if len(set(given)) > 1 and os.path.commonprefix(given) and os.path.commonprefix([v[::-1] for v in given]):
             raise ConfigError(f"{key} is given {len(given)} times ({', '.join(given[:3])}{', ...' if len(given) > 3 else ''}"
                               f"): did the shell expand a brace pattern? Quote it: \"{key}='DIR/train-{{000..099}}.tar'\"")
+
+
+def _grammar_hint(overrides: Sequence[str]) -> str | None:
+    """How to quote a value that Hydra's override grammar cannot read (a sweep point's `run_dir=runs/sw/dim=4`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for item in overrides:
+        try:
+            parser.parse_overrides([item])
+        except HydraException:
+            key, _, value = item.partition("=")
+            return (f"{item}: Hydra's override grammar cannot read this value; quote it as \"{key}='{value}'\" "
+                    f"(the single quotes reach Hydra, the double quotes the shell)")
+    return None
 
 
 def _brace_hint(overrides: Sequence[str]) -> str | None:

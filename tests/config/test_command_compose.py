@@ -141,3 +141,16 @@ def test_eval_command_line_takes_ff_run_dirs(trained, capsys):
     assert "| FF |" in (trained / "eval" / "table.md").read_text()
     assert eval_main([*args, f"ff_run_dirs={ffs[1]}", "dims=8", f"out={trained / 'eval8'}"]) == 0  # one item, no []
     assert "| FF |" in (trained / "eval8" / "table.md").read_text()
+
+
+def test_eigtrain_train_says_how_to_quote_a_value_its_grammar_cannot_read(monkeypatch, tmp_path):
+    from eigtrain.train import main as train_main
+
+    point = tmp_path / "sweep" / "dim=4"  # as a sweep names its points: the value holds a second `=`
+    monkeypatch.setattr("sys.argv", ["eigtrain-train", "experiment=cpu_debug", f"run_dir={point}"])
+    with pytest.raises(SystemExit) as exit_:
+        train_main()
+    assert str(exit_.value.code) == (f"eigtrain-train: config error: run_dir={point}: Hydra's override grammar cannot "
+                                     f"read this value; quote it as \"run_dir='{point}'\" (the single quotes reach "
+                                     f"Hydra, the double quotes the shell)")
+    assert not point.exists()
