@@ -20,6 +20,8 @@ CASES = [
         ("lora", {}),
         ("lora", {"center": True}),
         ("scl", {"normalize": True}),
+        ("lora", {"constant_mode": "fixed"}),  # the constant held outside the prefixes: its mean sums add up
+        ("scl", {"normalize": "prefix", "constant_mode": "fixed", "reduction": "gather"}),
         ("rq", {}),
         ("rq", {"pairs": True}),
         ("rq_direct", {}),

@@ -60,7 +60,7 @@ def test_data_and_model_keys_are_typed():
 @pytest.mark.parametrize("overrides, message", [
     (["+stepz=1"], r"^unknown key 'stepz'; allowed: .*\bsteps\b"),
     (["+data.pin_memry=true"], r"^unknown key 'data.pin_memry'; allowed: .*pin_memory"),
-    (["+objective.mu=3"], r"^unknown key 'objective.mu'; allowed: name, center, normalize, reduction, reduction_flops_per_byte$"),
+    (["+objective.mu=3"], r"^unknown key 'objective.mu'; allowed: name, center, normalize, constant_mode, reduction, reduction_flops_per_byte$"),
     (["objective=rq", "+objective.lam=3"], r"^unknown key 'objective.lam'; allowed: name, mu, nu, center, reduction, reduction_flops_per_byte$"),
     (["optim=adamw", "+optim.momentum=0.5"], r"^unknown key 'optim.momentum'; allowed: .*betas, eps$"),
     (["launcher=slurm", "+launcher.gpus=8"], r"^unknown key 'launcher.gpus'; allowed: .*gpus_per_node"),
