@@ -5,7 +5,8 @@ Data flows one way: `write_shards` (CLI ``eigtrain-shards``) or any webdataset s
 device -> `build_augment` (random views, per-sample parameters) -> encoder.
 """
 
-from .augment import BatchAugment, ViewRecipe, build_augment
+from .augment import BatchAugment, build_augment
+from .augment_recipes import ViewRecipe
 from .decode import Corrupt
 from .index import ShardIndex, read_index
 from .shards import ShardError, expand_shards, shard_counts

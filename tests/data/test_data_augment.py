@@ -7,7 +7,8 @@ import torchvision.transforms.v2.functional as TF
 
 from eigtrain.data import build_augment
 from eigtrain.data import augment as A
-from eigtrain.data.augment import NORMALIZATION, PRESETS
+from eigtrain.data import augment_draws, augment_ops
+from eigtrain.data.augment_recipes import NORMALIZATION, PRESETS, ViewRecipe
 
 
 def images(batch, channels, size, seed=0):
@@ -64,12 +65,12 @@ def test_imagenet_views_are_asymmetric_as_in_vicreg():
 
 
 @pytest.mark.parametrize("op,reference", [
-    (A._brightness, TF.adjust_brightness), (A._contrast, TF.adjust_contrast),
-    (A._saturation, TF.adjust_saturation), (A._hue, TF.adjust_hue),
+    (augment_ops._brightness, TF.adjust_brightness), (augment_ops._contrast, TF.adjust_contrast),
+    (augment_ops._saturation, TF.adjust_saturation), (augment_ops._hue, TF.adjust_hue),
 ])
 def test_color_ops_equal_torchvision_per_image(op, reference):
     x = images(16, 3, (9, 7)).float() / 255
-    lo, hi = (-0.5, 0.5) if op is A._hue else (0.0, 2.0)
+    lo, hi = (-0.5, 0.5) if op is augment_ops._hue else (0.0, 2.0)
     factors = torch.linspace(lo, hi, 16)
     want = torch.stack([reference(x[i], float(factors[i])) for i in range(16)])
     torch.testing.assert_close(op(x.clone(), factors.view(-1, 1, 1, 1)), want, atol=2e-6, rtol=0)
@@ -77,11 +78,12 @@ def test_color_ops_equal_torchvision_per_image(op, reference):
 
 def test_full_crop_is_the_identity_and_flip_is_a_mirror():
     x = images(4, 3, (10, 14)).float() / 255
-    sampler = A._Sampler(torch.Generator().manual_seed(0), x.device, 4)
-    keep = A.ViewRecipe(crop_scale=(1.0, 1.0), crop_ratio=(14 / 10, 14 / 10), flip_p=0.0)
-    torch.testing.assert_close(A.crop_flip_resize(x, keep, (10, 14), sampler), x, atol=1e-5, rtol=0)
-    mirror = A.ViewRecipe(crop_scale=(1.0, 1.0), crop_ratio=(14 / 10, 14 / 10), flip_p=1.0)
-    torch.testing.assert_close(A.crop_flip_resize(x, mirror, (10, 14), sampler), x.flip(-1), atol=1e-5, rtol=0)
+    sampler = augment_draws.Sampler(torch.Generator().manual_seed(0), x.device, 4)
+    keep = ViewRecipe(crop_scale=(1.0, 1.0), crop_ratio=(14 / 10, 14 / 10), flip_p=0.0)
+    torch.testing.assert_close(augment_ops.crop_flip_resize(x, keep, (10, 14), sampler), x, atol=1e-5, rtol=0)
+    mirror = ViewRecipe(crop_scale=(1.0, 1.0), crop_ratio=(14 / 10, 14 / 10), flip_p=1.0)
+    mirrored = augment_ops.crop_flip_resize(x, mirror, (10, 14), sampler)
+    torch.testing.assert_close(mirrored, x.flip(-1), atol=1e-5, rtol=0)
 
 
 def test_bad_arguments():
@@ -95,7 +97,7 @@ def test_bad_arguments():
 
 def test_crops_come_from_each_images_valid_region_of_a_padded_batch():
     """image_fit=whole batches: image i fills the top-left sizes[i] of the canvas (here 1.0 there, 0 padding)."""
-    recipe = A.ViewRecipe(crop_scale=(0.08, 1.0), flip_p=0.5)
+    recipe = ViewRecipe(crop_scale=(0.08, 1.0), flip_p=0.5)
     augment = A.BatchAugment((recipe, recipe), (8, 8), (0.0,), (1.0,))
     canvas = torch.zeros(32, 1, 40, 40, dtype=torch.uint8)
     sizes = torch.tensor([[10, 40], [40, 6], [40, 40], [3, 3]] * 8)
@@ -106,14 +108,14 @@ def test_crops_come_from_each_images_valid_region_of_a_padded_batch():
     assert inside.mean() > 0.97 and inside.amin(dim=(1, 2, 3)).min() > 0.4  # at most edge blending
     ignored = augment.view(canvas, torch.Generator().manual_seed(0), 0)  # the same draws on the whole canvas
     assert ignored.mean() < 0.7
-    center = A.BatchAugment((A.ViewRecipe(crop_scale=None, flip_p=0.0),) * 2, (8, 8), (0.0,), (1.0,))
+    center = A.BatchAugment((ViewRecipe(crop_scale=None, flip_p=0.0),) * 2, (8, 8), (0.0,), (1.0,))
     assert center.view(canvas, None, 0, sizes).mean() > 0.97  # no crop: the valid region's center crop
 
 
 def test_cpu_and_accelerator_paths_make_the_same_per_sample_choices(monkeypatch):
     """The CPU path runs each operation only on the samples that drew it; the accelerator path runs it on the whole
     batch and selects with torch.where. With whole-image crops both must give the same views."""
-    recipe = A.ViewRecipe(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.5, jitter=(0.4, 0.4, 0.4, 0.1),
+    recipe = ViewRecipe(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.5, jitter=(0.4, 0.4, 0.4, 0.1),
                           jitter_p=0.8, gray_p=0.3, blur_p=0.5, solarize_p=0.3)
     augment = A.BatchAugment((recipe, recipe), (72, 72), NORMALIZATION["imagenet"][0], NORMALIZATION["imagenet"][1])
     batch = images(24, 3, (72, 72))
@@ -124,7 +126,7 @@ def test_cpu_and_accelerator_paths_make_the_same_per_sample_choices(monkeypatch)
 
 
 def test_cpu_crops_of_large_outputs_are_whole_pixel_boxes_inside_each_valid_region():
-    recipe = A.ViewRecipe(crop_scale=(0.08, 1.0), flip_p=0.5, interpolation="bicubic")
+    recipe = ViewRecipe(crop_scale=(0.08, 1.0), flip_p=0.5, interpolation="bicubic")
     augment = A.BatchAugment((recipe, recipe), (72, 72), (0.0,), (1.0,))
     canvas = torch.zeros(16, 1, 200, 200, dtype=torch.uint8)
     sizes = torch.tensor([[90, 200], [200, 70], [200, 200], [80, 80]] * 4)

@@ -16,7 +16,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from eigtrain import dist as edist
-from eigtrain.data import augment, gpu_decode
+from eigtrain.data import augment_draws, augment_ops, gpu_decode
+from eigtrain.data.augment_recipes import PRESETS, ViewRecipe
 from eigtrain.data.stream import ShardStream, StreamOptions
 from eigtrain.data.write import main as write_shards_cli
 from eigtrain.engine.base import enable_cuda_fast_paths, guarded_step
@@ -197,7 +198,7 @@ def _jitter_reference(x, recipe, draws):
         for op in range(4):
             if active[op]:
                 chosen = apply & (order[:, step] == op)
-                x = augment._where(x, chosen, augment._COLOUR_OPS[op], factors[op].view(-1, 1, 1, 1))
+                x = augment_ops.where(x, chosen, augment_ops._COLOUR_OPS[op], factors[op].view(-1, 1, 1, 1))
     return x
 
 
@@ -218,15 +219,15 @@ class _CountFullSize(TorchDispatchMode):
 
 @pytest.mark.parametrize("preset,channels", [("cifar", 3), ("imagenet", 3), ("cifar", 1)])
 def test_folded_colour_jitter_equals_each_operation_applied_in_turn(preset, channels):
-    recipe = augment.PRESETS[preset][0]
-    recipe = augment.ViewRecipe(jitter=recipe.jitter, jitter_p=recipe.jitter_p)  # jitter only
+    recipe = PRESETS[preset][0]
+    recipe = ViewRecipe(jitter=recipe.jitter, jitter_p=recipe.jitter_p)  # jitter only
     x = torch.rand(64, channels, 12, 12, generator=torch.Generator().manual_seed(1))
-    draws = augment._draw(recipe, augment._Sampler(torch.Generator().manual_seed(2), x.device, 64), x.shape,
+    draws = augment_draws.draw(recipe, augment_draws.Sampler(torch.Generator().manual_seed(2), x.device, 64), x.shape,
                           (12, 12), None)
     with _CountFullSize(x.numel()) as reference_traffic:
         expected = _jitter_reference(x.clone(), recipe, draws)
     with _CountFullSize(x.numel()) as folded_traffic:
-        folded = augment._colour_blur_solarize(x.clone(), recipe, draws, augment._where)
+        folded = augment_ops.colour_blur_solarize(x.clone(), recipe, draws, augment_ops.where)
     assert torch.equal(folded, expected)
     assert folded_traffic.count < 0.75 * reference_traffic.count, (folded_traffic.count, reference_traffic.count)
 
