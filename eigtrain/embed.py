@@ -56,7 +56,7 @@ def open_run(run_dir: str | None = None, checkpoint: str | None = None, device: 
     encoder = load_encoder(run, step).to(device)
     cfg = OmegaConf.load(run / "config.yaml")
     given = {k: v for k, v in (data or {}).items() if k in SOURCE_KEYS and v is not None}
-    if given.get("val_shards") is not None and not (given.get("shards") or cfg.data.get("shards")):
+    if given.get("val_shards") is not None and not (given.get("shards") or cfg.data.shards):
         raise DataConfigError(f"data.val_shards goes with data.shards: {run} was trained on data.root="
                               f"{cfg.data.root}, whose split 'val' is read without it")  # it was ignored silently
     for key, value in given.items():

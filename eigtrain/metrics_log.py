@@ -20,6 +20,7 @@ import torch
 
 from eigtrain.checkpoint import MODEL_INFO_NAME
 from eigtrain.redact import redact_config, redacted_argv
+from eigtrain.schema import WandbConfig, typed
 
 WANDB_MODES = ("offline", "online", "disabled")
 
@@ -61,20 +62,21 @@ def _import_wandb(mode: str, path: Path):
 class MetricsLog:
     """One JSON object per logged step in ``run_dir/metrics.jsonl`` (+ wandb when enabled)."""
 
-    def __init__(self, run_dir: Path, *, wandb_cfg: Mapping[str, Any], run_id: str, config: Mapping[str, Any], resume_step: int):
+    def __init__(self, run_dir: Path, *, wandb_cfg: WandbConfig | Mapping[str, Any], run_id: str, config: Mapping[str, Any],
+                 resume_step: int):
+        wandb_cfg = typed(WandbConfig, wandb_cfg)
         self.path = Path(run_dir) / "metrics.jsonl"
         truncate_metrics(self.path, resume_step)
         self._file = open(self.path, "a")
         self._wandb = None
-        mode = wandb_cfg.get("mode", "offline")
+        mode = wandb_cfg.mode
         if mode not in WANDB_MODES:
             raise ValueError(f"logging.wandb.mode={mode!r} is not known; allowed: {', '.join(WANDB_MODES)}")
         wandb = _import_wandb(mode, self.path)
         if wandb is not None:
             with redacted_argv():  # wandb records the command line and the config: neither with credentials
                 self._wandb = wandb.init(
-                    project=wandb_cfg.get("project", "eigtrain"), entity=wandb_cfg.get("entity"),
-                    name=wandb_cfg.get("name"), id=run_id, resume="allow", mode=mode, dir=str(run_dir),
+                    project=wandb_cfg.project, entity=wandb_cfg.entity, id=run_id, resume="allow", mode=mode, dir=str(run_dir),
                     config=redact_config(config),
                 )
 

@@ -23,10 +23,9 @@ from eigtrain.data import build_augment
 from eigtrain.data.augment import NORMALIZATION
 from eigtrain.data.from_config import build_stream, check_splits
 from eigtrain.probes import dims_for, knn_accuracy
+from eigtrain.schema import DataConfig, MonitorConfig, typed
 
 log = logging.getLogger("eigtrain.monitor")
-DEFAULTS = {"every": 0, "train_split": "train", "val_split": "val", "max_train_samples": 10000,
-            "max_val_samples": 5000, "k": 20, "batch_size": 256}
 
 
 class MonitorSchedule:
@@ -41,20 +40,20 @@ class MonitorSchedule:
 
 
 class KNNMonitor(MonitorSchedule):
-    def __init__(self, cfg: Mapping[str, Any], data: Mapping[str, Any], *, dim: int, seed: int, device: torch.device,
-                 autocast, pairs: bool, cache_dir: Path | None = None):
-        self.cfg = {**DEFAULTS, **{k: v for k, v in dict(cfg or {}).items() if v is not None}}
-        check_splits(data, (self.cfg["train_split"], self.cfg["val_split"]))
+    def __init__(self, cfg: MonitorConfig | Mapping[str, Any], data: DataConfig | Mapping[str, Any], *, dim: int,
+                 seed: int, device: torch.device, autocast, pairs: bool, cache_dir: Path | None = None):
+        self.cfg, data = typed(MonitorConfig, cfg), typed(DataConfig, data)
+        check_splits(data, (self.cfg.train_split, self.cfg.val_split))
         self.data, self.dim, self.seed, self.device, self.autocast, self.pairs = data, dim, seed, device, autocast, pairs
         self.cache_dir = cache_dir  # sample counts of shards without an index (as the training stream's)
-        super().__init__(self.cfg["every"])
-        mean, std = NORMALIZATION[data["augment"]]
-        self.normalize = build_augment("none", image_size=data.get("view_size"), mean=tuple(data.get("mean") or mean),
-                                       std=tuple(data.get("std") or std)).to(device)
+        super().__init__(self.cfg.every)
+        mean, std = NORMALIZATION[data.augment]
+        self.normalize = build_augment("none", image_size=data.view_size, mean=tuple(data.mean or mean),
+                                       std=tuple(data.std or std)).to(device)
 
     @torch.no_grad()
     def _embed(self, encoder: nn.Module, split: str, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
-        stream = build_stream(self.data, batch_size=int(self.cfg["batch_size"]), rank=0, world_size=1, seed=self.seed,
+        stream = build_stream(self.data, batch_size=self.cfg.batch_size, rank=0, world_size=1, seed=self.seed,
                               device=self.device, cache_dir=self.cache_dir, split=split, num_workers=0, one_pass=True)
         zs, labels, seen = [], [], 0
         for batch in stream:
@@ -74,25 +73,25 @@ class KNNMonitor(MonitorSchedule):
         was_training, rng = model.training, ckpt.rng_state()
         model.eval()
         try:
-            train_z, train_y = self._embed(encoder, self.cfg["train_split"], int(self.cfg["max_train_samples"]))
-            val_z, val_y = self._embed(encoder, self.cfg["val_split"], int(self.cfg["max_val_samples"]))
+            train_z, train_y = self._embed(encoder, self.cfg.train_split, self.cfg.max_train_samples)
+            val_z, val_y = self._embed(encoder, self.cfg.val_split, self.cfg.max_val_samples)
         finally:
             model.train(was_training)
             ckpt.set_rng_state(rng)
-        k = int(self.cfg["k"])
+        k = self.cfg.k
         return {f"knn/{d}": knn_accuracy(train_z[:, :d], train_y, val_z[:, :d], val_y, k=k) for d in dims_for(self.dim)}
 
 
 def build_monitor(cfg, *, device: torch.device, autocast, scores: bool = True) -> MonitorSchedule:
     """The monitor of a training config: a `KNNMonitor` on the rank that ``scores`` (rank 0), its schedule alone on
-    the others, and a schedule that never falls due when ``monitor.every`` is 0 / null / absent."""
-    monitor_cfg = cfg.get("monitor") or {}
-    if not monitor_cfg.get("every"):
+    the others, and a schedule that never falls due when ``monitor.every`` is 0."""
+    monitor_cfg = typed(MonitorConfig, cfg.monitor)
+    if not monitor_cfg.every:
         return MonitorSchedule(0)
-    if cfg.engine.name == "deepspeed" and cfg.engine.get("zero_stage") == 3:
+    if cfg.engine.name == "deepspeed" and cfg.engine.zero_stage == 3:
         raise ValueError("monitor.every > 0 is not available with engine.zero_stage=3 (rank 0 holds only its "
                          "partition of the weights); use zero_stage 1 or 2, or evaluate checkpoints afterwards")
     if not scores:
-        return MonitorSchedule(monitor_cfg["every"])
+        return MonitorSchedule(monitor_cfg.every)
     return KNNMonitor(monitor_cfg, cfg.data, dim=cfg.dim, seed=cfg.seed, device=device, autocast=autocast,
                       pairs=cfg.data.mode == "pairs", cache_dir=Path(cfg.run_dir) / "data")

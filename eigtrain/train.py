@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from eigtrain import checkpoint as ckpt
 from eigtrain import dist
-from eigtrain.config_check import ConfigError, validate
+from eigtrain.schema import ConfigError, validate
 from eigtrain.data import CorruptDataError, build_augment
 from eigtrain.data import from_config as data_setup
 from eigtrain.engine import build_engine, lr_at
@@ -154,7 +154,7 @@ def _setup(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
     """Claim the run directory, prepare the data, build the model, engine, stream and augmentation; `_resume`."""
     rank, world, rank0, data = env.rank, env.world_size, env.rank == 0, cfg.data
     run_dir = Path(cfg.run_dir)
-    folder = cfg.launcher.get("folder")  # the Slurm launcher's logs: written there before the job started
+    folder = cfg.launcher.folder if cfg.launcher.name == "slurm" else None  # its logs: written before the job started
     refused = dist.broadcast_object(claim_run_dir(run_dir, folder) if rank0 else None)  # before anything else
     if refused:
         raise ConfigError(refused)

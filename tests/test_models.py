@@ -43,8 +43,9 @@ def test_vit_image_and_patch_size_are_configurable():
         build_backbone("vit_tiny", (3, 48, 48), patch_size=10)
 
 
-def test_projector_default_matches_the_paper():
-    encoder = build_encoder({"backbone": "tiny_cnn", "width": 8}, dim=512, input_shape=(3, 8, 8))
+def test_projector_of_the_papers_runs():  # configs/model/resnet18.yaml's projector; defaults: tests/config
+    encoder = build_encoder({"backbone": "tiny_cnn", "width": 8, "projector_hidden": 2048, "projector_layers": 2},
+                            dim=512, input_shape=(3, 8, 8))
     linears = [m for m in encoder.projector if isinstance(m, torch.nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [(16, 2048), (2048, 2048), (2048, 512)]
 

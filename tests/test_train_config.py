@@ -4,12 +4,13 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from eigtrain.config_check import ConfigError, validate
 from eigtrain.engine import lr_at
+from eigtrain.schema import ConfigError, SGDConfig, validate
 from eigtrain.train import compose_config
 
 
@@ -85,12 +86,12 @@ def test_a_bad_config_prints_one_line_naming_the_key(tmp_path, args, line):
 
 
 def test_cosine_schedule_with_warmup_is_a_function_of_the_step():
-    cfg = {"lr": 0.1, "warmup_steps": 10, "final_lr": 0.0, "schedule": "cosine"}
+    cfg = SGDConfig(lr=0.1, warmup_steps=10, final_lr=0.0, schedule="cosine")
     assert lr_at(0, cfg, 100) == pytest.approx(0.01) and lr_at(9, cfg, 100) == pytest.approx(0.1)
     assert lr_at(10, cfg, 100) == pytest.approx(0.1)
     assert lr_at(55, cfg, 100) == pytest.approx(0.05)  # half-way through the decay
     assert lr_at(100, cfg, 100) == pytest.approx(0.0, abs=1e-12)
     lrs = [lr_at(s, cfg, 100) for s in range(10, 100)]
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
-    assert lr_at(50, {**cfg, "schedule": "constant"}, 100) == 0.1
-    assert math.isclose(lr_at(30, {**cfg, "final_lr": 0.02}, 100), 0.02 + 0.04 * (1 + math.cos(math.pi * 20 / 90)))
+    assert lr_at(50, replace(cfg, schedule="constant"), 100) == 0.1
+    assert math.isclose(lr_at(30, replace(cfg, final_lr=0.02), 100), 0.02 + 0.04 * (1 + math.cos(math.pi * 20 / 90)))

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 
 from ..redact import redact_url
+from ..schema import DataConfig, typed
 from .decode import FITS
 from .gpu_decode import DECODE_CHOICES, choose_jpeg_device
 from .index import INDEX_NAME, read_index
@@ -32,7 +33,7 @@ def _listed(value: Any) -> Any:
 
 
 def uses_shards(data) -> bool:
-    return bool(data.get("shards"))
+    return bool(typed(DataConfig, data).shards)
 
 
 VAL_SPLIT = "val"
@@ -42,24 +43,27 @@ NO_VAL_SHARDS = ("split 'val' of data trained from data.shards needs held-out sh
 
 def split_shards(data, split: str) -> tuple[str, Any]:
     """(key, shards) of `split` in a data.shards config: its training split (data.split) is data.shards, split
-    'val' is data.val_shards, held out from data.shards. Anything else is a `DataConfigError` naming the key."""
-    if split == data.get("split", "train"):
-        return "data.shards", data.get("shards")
+    'val' is data.val_shards, held out from data.shards. Anything else is a `DataConfigError` naming the key.
+    `data`: the data group, or a mapping of some of its keys (the rest take the schema's defaults)."""
+    data = typed(DataConfig, data)
+    if split == data.split:
+        return "data.shards", data.shards
     if split != VAL_SPLIT:
         raise DataConfigError(f"split {split!r} does not exist for data.shards: data.shards is split "
-                              f"{data.get('split', 'train')!r} and data.val_shards split {VAL_SPLIT!r}")
-    if not data.get("val_shards"):
+                              f"{data.split!r} and data.val_shards split {VAL_SPLIT!r}")
+    if not data.val_shards:
         raise DataConfigError(NO_VAL_SHARDS)
-    shared = set(expand_shards(_listed(data.get("shards")))) & set(expand_shards(_listed(data.get("val_shards"))))
+    shared = set(expand_shards(_listed(data.shards))) & set(expand_shards(_listed(data.val_shards)))
     if shared:
         raise DataConfigError(f"data.val_shards shares {len(shared)} shard(s) with data.shards, e.g. "
                               f"{redact_url(min(shared))}: validation shards must be held out from training")
-    return "data.val_shards", data.get("val_shards")
+    return "data.val_shards", data.val_shards
 
 
 def split_source(data, split: str) -> str:
     """Where `split` comes from, for reports (URLs without credentials): the key and its pattern, or the
     split of the eigtrain shard directory."""
+    data = typed(DataConfig, data)
     if not uses_shards(data):
         return f"split {split!r} of data.root={data.root}"
     key, shards = split_shards(data, split)
@@ -69,16 +73,17 @@ def split_source(data, split: str) -> str:
 
 def check_data(data, world_size: int, per_rank_batch: int) -> None:
     """Key values, and the data against the job where it is cheap to know (local files, an existing index)."""
-    if data.get("image_fit", "cover") not in FITS:
+    data = typed(DataConfig, data)
+    if data.image_fit not in FITS:
         raise DataConfigError(f"data.image_fit={data.image_fit!r} is not allowed; allowed: {', '.join(FITS)}")
-    if data.get("decode", "cpu") not in DECODE_CHOICES:
+    if data.decode not in DECODE_CHOICES:
         raise DataConfigError(f"data.decode={data.decode!r} is not allowed; allowed: {', '.join(DECODE_CHOICES)}")
     for key, low in (("mix_shards", 1), ("prefetch_factor", 1), ("shuffle_block", 0), ("num_workers", 0)):
-        value = data.get(key)
+        value = getattr(data, key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
             raise DataConfigError(f"data.{key} must be an integer >= {low}, got {value!r}")
     if uses_shards(data):
-        if data.get("image_size") is None and data.get("view_size") is None:
+        if data.image_size is None and data.view_size is None:
             raise DataConfigError("data.shards needs data.image_size (images of any size are brought to it in the "
                                   "workers; image_fit=whole keeps the whole image for the random crops)")
         urls = expand_shards(_listed(data.shards))
@@ -88,13 +93,13 @@ def check_data(data, world_size: int, per_rank_batch: int) -> None:
                 raise DataConfigError(f"{len(missing)} of the {len(listed)} shards of {key} do not exist, e.g. "
                                       f"{missing[0]}")
         try:  # counts from an index only (never a scan here); without one the stream checks at start-up
-            counts = known_counts(urls, data.get("shard_index"), float(data.get("io_timeout_s", 60)))
+            counts = known_counts(urls, data.shard_index, float(data.io_timeout_s))
         except (OSError, ValueError, KeyError):
             return
         if all(u in counts for u in urls):
             _check_batches(sum(counts[u] for u in urls), "data.shards", data, world_size, per_rank_batch)
         return
-    if data.get("val_shards"):
+    if data.val_shards:
         raise DataConfigError("data.val_shards goes with data.shards; with data.root the validation data is the "
                               "split 'val' of its index")
     root = Path(data.root)
@@ -106,11 +111,12 @@ def check_data(data, world_size: int, per_rank_batch: int) -> None:
 
 def _val_urls(data) -> list[str]:
     """The URLs of data.val_shards (checked held out from data.shards); none when it is not set."""
-    return expand_shards(_listed(split_shards(data, VAL_SPLIT)[1])) if data.get("val_shards") else []
+    return expand_shards(_listed(split_shards(data, VAL_SPLIT)[1])) if data.val_shards else []
 
 
 def check_splits(data, splits) -> None:
     """Each of `splits` exists for this data config (cheap: no shard is read); `DataConfigError` naming the key."""
+    data = typed(DataConfig, data)
     if uses_shards(data):
         for split in splits:
             split_shards(data, split)
@@ -128,10 +134,10 @@ def prepare_data(data, rank: int, cache_dir: Path | None = None, barrier: Callab
     """Shapes of the model's inputs (x_shape, a_shape or None). Rank 0 goes first: it writes a demo data set
     when configured (into an empty or new directory only, never over a user's data) or counts the samples of
     foreign shards once (cached in `cache_dir`); the other ranks then read what it wrote."""
+    data = typed(DataConfig, data)
     if uses_shards(data):
         if rank == 0:
-            shard_counts(expand_shards(_listed(data.shards)), cache_dir, data.get("shard_index"),
-                         float(data.get("io_timeout_s", 60)))
+            shard_counts(expand_shards(_listed(data.shards)), cache_dir, data.shard_index, float(data.io_timeout_s))
         barrier()
         size = data.view_size or data.image_size
         size = (size, size) if isinstance(size, int) else tuple(size)
@@ -149,7 +155,7 @@ def prepare_data(data, rank: int, cache_dir: Path | None = None, barrier: Callab
     x_shape = (int(meta["channels"] if "channels" in meta else meta["image_shape"][0]), *map(int, size))
     if data.mode == "views":
         return x_shape, None
-    return x_shape, (tuple(meta["a_shape"]) if meta.get("a_kind") == "vector" else x_shape)
+    return x_shape, (tuple(meta["a_shape"]) if meta.get("a_kind") == "vector" else x_shape)  # index.json's meta
 
 
 def _write_demo(data, root: Path) -> None:
@@ -169,23 +175,22 @@ def build_stream(data, *, batch_size: int, rank: int, world_size: int, seed: int
                  one_pass: bool = False) -> ShardStream:
     """The training stream of the `data` config on `device` (pinned memory and nvJPEG decoding follow it); with
     `one_pass`, every sample of `split` exactly once across ranks and workers (embedding, Rayleigh-Ritz)."""
-    device = torch.device(device)
-    pin = data.get("pin_memory")
+    device, data = torch.device(device), typed(DataConfig, data)
+    pin = data.pin_memory
     common = dict(
         split=split or data.split, batch_size=batch_size, rank=rank, world_size=world_size,
         num_workers=data.num_workers if num_workers is None else num_workers, seed=seed, mode=data.mode,
         image_size=data.image_size, resampled=data.resampled and not one_pass, one_pass=one_pass,
-        max_corrupt=data.max_corrupt, shuffle_block=data.get("shuffle_block", 1000),
-        pin_memory=device.type == "cuda" if pin is None else bool(pin), prefetch_factor=data.get("prefetch_factor", 2),
-        persistent_workers=bool(data.get("persistent_workers", False)), image_fit=data.get("image_fit", "cover"),
-        mix_shards=data.get("mix_shards", 8), io_timeout_s=float(data.get("io_timeout_s", 60)),
-        jpeg_device=choose_jpeg_device(data.get("decode", "cpu"), device) if data.mode == "views" else None,
+        max_corrupt=data.max_corrupt, shuffle_block=data.shuffle_block,
+        pin_memory=device.type == "cuda" if pin is None else bool(pin), prefetch_factor=data.prefetch_factor,
+        persistent_workers=data.persistent_workers, image_fit=data.image_fit,
+        mix_shards=data.mix_shards, io_timeout_s=float(data.io_timeout_s),
+        jpeg_device=choose_jpeg_device(data.decode, device) if data.mode == "views" else None,
     )
     if uses_shards(data):
         key, shards = split_shards(data, common["split"])
-        options = StreamOptions(shards_key=key, image_key=_listed(data.get("image_key")),
-                                label_key=data.get("label_key"), x_key=_listed(data.get("x_key")),
-                                a_key=_listed(data.get("a_key")), cache_dir=cache_dir,
-                                shard_index=data.get("shard_index"), **common)
+        options = StreamOptions(shards_key=key, image_key=_listed(data.image_key), label_key=data.label_key,
+                                x_key=_listed(data.x_key), a_key=_listed(data.a_key), cache_dir=cache_dir,
+                                shard_index=data.shard_index, **common)
         return ShardStream(shards=_listed(shards), options=options)
     return ShardStream(data.root, StreamOptions(**common))

@@ -15,43 +15,43 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from eigtrain.engine.base import PRECISIONS, LossFn, StepResult, chunks, use_channels_last
 from eigtrain.engine.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_at
+from eigtrain.schema import EngineConfig, OptimBase, typed, typed_option
 
 ENGINES = ("ddp", "deepspeed")
 
 
 def build_engine(
-    cfg: Mapping[str, Any],
-    optim_cfg: Mapping[str, Any],
+    cfg: EngineConfig | Mapping[str, Any],
+    optim_cfg: OptimBase | Mapping[str, Any],
     model: nn.Module,
     *,
     device: torch.device,
     micro_batch_size: int,
     grad_accum_steps: int,
 ):
-    """Engine from the ``engine`` config group (``optim`` gives the optimizer and gradient clipping)."""
+    """Engine from the ``engine`` config group (``optim`` gives the optimizer and gradient clipping); both are
+    taken as their schema dataclasses (eigtrain.schema), so every key has its one default there."""
+    cfg, optim_cfg = typed(EngineConfig, cfg), typed_option("optim", optim_cfg)
     common = dict(
-        device=device, precision=cfg.get("precision", "auto"), grad_clip=optim_cfg.get("grad_clip"),
-        compile=cfg.get("compile", False), channels_last=use_channels_last(cfg.get("channels_last"), model, device),
+        device=device, precision=cfg.precision, grad_clip=optim_cfg.grad_clip,
+        compile=cfg.compile, channels_last=use_channels_last(cfg.channels_last, model, device),
     )
-    if cfg["name"] == "ddp":
+    if cfg.name == "ddp":
         from eigtrain.engine.ddp import DDPEngine
 
         return DDPEngine(model, optim_cfg, **common)
-    if cfg["name"] == "deepspeed":
+    if cfg.name == "deepspeed":
         from eigtrain.engine.deepspeed_zero import DeepSpeedEngine
 
-        extra = cfg.get("config") or {}
-        extra = OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else dict(extra)
         return DeepSpeedEngine(
-            model, optim_cfg, stage=cfg.get("zero_stage", 2), micro_batch_size=micro_batch_size,
-            grad_accum_steps=grad_accum_steps, extra_config=extra, **common,
+            model, optim_cfg, stage=cfg.zero_stage, micro_batch_size=micro_batch_size,
+            grad_accum_steps=grad_accum_steps, extra_config=dict(cfg.config), **common,
         )
-    raise ValueError(f"engine.name={cfg['name']!r} is not known; allowed: {', '.join(ENGINES)}")
+    raise ValueError(f"engine.name={cfg.name!r} is not known; allowed: {', '.join(ENGINES)}")
 
 
 __all__ = ["ENGINES", "OPTIMIZERS", "PRECISIONS", "SCHEDULES", "LossFn", "StepResult", "build_engine", "build_optimizer", "chunks", "lr_at"]

@@ -8,7 +8,9 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-OPTIMIZERS = ("sgd", "lars", "adamw")
+from eigtrain.schema import OPTIM_SCHEMAS, OptimBase, typed_option
+
+OPTIMIZERS = tuple(OPTIM_SCHEMAS)  # each optimizer's keys and defaults: its dataclass in eigtrain.schema
 SCHEDULES = ("cosine", "constant")
 
 
@@ -22,37 +24,38 @@ def _param_groups(model: nn.Module, weight_decay: float, exclude_bias_and_norm: 
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, cfg: Mapping[str, Any], device_type: str = "cpu") -> torch.optim.Optimizer:
-    """Optimizer from the ``optim`` config group. The learning rate is set every step from ``lr_at``.
+def build_optimizer(model: nn.Module, cfg: OptimBase | Mapping[str, Any], device_type: str = "cpu"
+                    ) -> torch.optim.Optimizer:
+    """Optimizer from the ``optim`` config group (typed by its name: SGDConfig, LarsConfig, AdamWConfig). The
+    learning rate is set every step from ``lr_at``.
 
     On CUDA AdamW is the fused kernel, which also keeps its step count on the GPU (so the guarded update never
     reads it back to the host)."""
-    name = cfg["name"]
-    groups = _param_groups(model, cfg["weight_decay"], cfg.get("exclude_bias_and_norm", False))
-    if name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg["lr"], momentum=cfg.get("momentum", 0.9), nesterov=cfg.get("nesterov", False))
-    if name == "lars":
+    cfg = typed_option("optim", cfg)
+    groups = _param_groups(model, cfg.weight_decay, cfg.exclude_bias_and_norm)
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    if cfg.name == "lars":
         from timm.optim import Lars  # noqa: PLC0415  (timm is slow to import)
 
         # timm's LARS adapts only parameters with weight decay, so excluded groups get plain SGD.
-        return Lars(groups, lr=cfg["lr"], momentum=cfg.get("momentum", 0.9), trust_coeff=cfg.get("trust_coeff", 0.001))
-    if name == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg["lr"], betas=tuple(cfg.get("betas", (0.9, 0.999))), eps=cfg.get("eps", 1e-8),
-                                 fused=True if device_type == "cuda" else None)
-    raise ValueError(f"optim.name={name!r} is not known; allowed: {', '.join(OPTIMIZERS)}")
+        return Lars(groups, lr=cfg.lr, momentum=cfg.momentum, trust_coeff=cfg.trust_coeff)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                             fused=True if device_type == "cuda" else None)
 
 
-def lr_at(step: int, cfg: Mapping[str, Any], total_steps: int) -> float:
+def lr_at(step: int, cfg: OptimBase, total_steps: int) -> float:
     """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine decay to ``final_lr``.
 
-    A pure function of the step, so resuming needs no scheduler state.
+    A pure function of the step, so resuming needs no scheduler state. ``cfg``: the optim config (its dataclass,
+    or the composed group: read by attribute, every key present).
     """
-    base, warmup = float(cfg["lr"]), int(cfg.get("warmup_steps", 0))
+    base, warmup = float(cfg.lr), int(cfg.warmup_steps)
     if step < warmup:
         return base * (step + 1) / warmup
-    if cfg.get("schedule", "cosine") == "constant":
+    if cfg.schedule == "constant":
         return base
-    final = float(cfg.get("final_lr", 0.0))
+    final = float(cfg.final_lr)
     progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
     return final + 0.5 * (base - final) * (1.0 + math.cos(math.pi * progress))
 

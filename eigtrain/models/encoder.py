@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Mapping, Sequence
 
@@ -9,6 +10,7 @@ import torch
 from torch import nn
 
 from eigtrain.models.backbones import build_backbone
+from eigtrain.schema import ModelConfig, typed
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +18,7 @@ log = logging.getLogger(__name__)
 class Projector(nn.Sequential):
     """``layers`` hidden blocks Linear -> BatchNorm -> ReLU, then a linear output of width ``dim``."""
 
-    def __init__(self, in_features: int, dim: int, hidden: int = 2048, layers: int = 2, batch_norm: bool = True):
+    def __init__(self, in_features: int, dim: int, *, hidden: int, layers: int, batch_norm: bool):
         blocks: list[nn.Module] = []
         width = in_features
         for _ in range(layers):
@@ -55,33 +57,29 @@ class PairEncoder(nn.Module):
         return self.phi(x), self.psi(a)
 
 
-def _build_one(cfg: Mapping[str, Any], dim: int, input_shape: Sequence[int]) -> Encoder:
-    backbone = build_backbone(
-        cfg["backbone"], input_shape,
-        cifar_stem=cfg.get("cifar_stem", False), patch_size=cfg.get("patch_size", 16),
-        width=cfg.get("width", 32), depth=cfg.get("depth", 4),
-    )
-    projector = Projector(
-        backbone.num_features, dim, hidden=cfg.get("projector_hidden", 2048),
-        layers=cfg.get("projector_layers", 2), batch_norm=cfg.get("projector_batch_norm", True),
-    )
+def _build_one(cfg: ModelConfig, dim: int, input_shape: Sequence[int]) -> Encoder:
+    backbone = build_backbone(cfg.backbone, input_shape, cifar_stem=cfg.cifar_stem, patch_size=cfg.patch_size,
+                              width=cfg.width, depth=cfg.depth)
+    projector = Projector(backbone.num_features, dim, hidden=cfg.projector_hidden, layers=cfg.projector_layers,
+                          batch_norm=cfg.projector_batch_norm)
     return Encoder(backbone, projector)
 
 
 def build_encoder(
-    cfg: Mapping[str, Any], dim: int, input_shape: Sequence[int], context_shape: Sequence[int] | None = None
+    cfg: ModelConfig | Mapping[str, Any], dim: int, input_shape: Sequence[int], context_shape: Sequence[int] | None = None
 ) -> Encoder | PairEncoder:
-    """Build the encoder described by the ``model`` config group.
+    """Build the encoder described by the ``model`` config group (a ModelConfig; a mapping of some keys takes
+    the schema's defaults for the rest).
 
     With ``context_shape`` (pairs data) this returns a ``PairEncoder``: ``phi`` for inputs of
     ``input_shape`` and ``psi`` for contexts, whose architecture is ``cfg.context`` merged over ``cfg``
     (``context: null`` means the same architecture as ``phi``).
     """
+    cfg = typed(ModelConfig, cfg)
     encoder = _build_one(cfg, dim, input_shape)
     if context_shape is None:
         return encoder
-    context_cfg = {k: v for k, v in cfg.items() if k != "context"}
-    context_cfg.update(cfg.get("context") or {})
+    context_cfg = typed(ModelConfig, {**dataclasses.asdict(cfg), **(cfg.context or {}), "context": None})
     return PairEncoder(encoder, _build_one(context_cfg, dim, context_shape))
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from eigtrain.config_check import ConfigError, validate
+from eigtrain.schema import ConfigError, validate
 from eigtrain.data import CorruptDataError, ShardError, ShardStream, StreamOptions
 from eigtrain.data import gpu_decode
 from eigtrain.data.gpu_decode import choose_jpeg_device

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from eigtrain.config_check import ConfigError, validate
+from eigtrain.schema import ConfigError, validate
 from eigtrain.evaluate import main as eval_main
 from eigtrain.rr_job import main as rr_main
 from tests.support.foreign_shards import (N_TRAIN, N_VAL, TRAIN_PER_CLASS, VAL_PER_CLASS, train_overrides,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from eigtrain import checkpoint as ckpt
-from eigtrain.data.shards import shard_counts
+from eigtrain.data.sample_counts import shard_counts
 from eigtrain.data.write import main as shards_main
 from eigtrain.eval_report import write_report
 from eigtrain.export import EXPORT_FORMAT
@@ -122,7 +122,7 @@ def test_a_stale_partial_save_of_eigtrain_is_still_cleaned_up(tmp_path):
 # ------------------------------------------------------------------------------------------- run_dir
 
 def test_training_refuses_a_run_dir_holding_user_files(tmp_path):
-    from eigtrain.config_check import ConfigError
+    from eigtrain.schema import ConfigError
     from eigtrain.train import compose_config, run
 
     run_dir = tmp_path / "thesis"

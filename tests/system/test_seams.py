@@ -348,7 +348,7 @@ def test_rr_embedding_files_refuse_a_split_they_do_not_have(tmp_path, capsys):
 
 
 def test_a_monitor_split_missing_from_data_root_is_a_config_error_before_the_run_starts(data, tmp_path):
-    from eigtrain.config_check import ConfigError
+    from eigtrain.schema import ConfigError
     from eigtrain.train import compose_config, run
 
     run_dir = tmp_path / "run"

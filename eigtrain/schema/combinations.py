@@ -1,7 +1,9 @@
-"""Checks of the composed training config, run before any expensive work.
+"""Choices and combinations of the composed training config, checked before any expensive work.
 
 Every failure is one ``ConfigError`` naming the key and the allowed values. Unknown keys and bad types are
-the schema's job (eigtrain/schema.py); this adds the choices and the combinations a type cannot express.
+`check`'s job (eigtrain.schema.check); this adds the choices, each list taken from the registry that uses it,
+and the combinations a type cannot express. Imported lazily by eigtrain.schema (it needs torch and the builders,
+which import the schema).
 """
 
 from __future__ import annotations
@@ -13,17 +15,16 @@ import torch
 from omegaconf import DictConfig
 
 from eigtrain.data.augment import PRESETS
+from eigtrain.data.stream_options import MODES as DATA_MODES
 from eigtrain.data.from_config import check_data, check_splits
 from eigtrain.data.index import INDEX_NAME, read_index
-from eigtrain.engine import ENGINES, OPTIMIZERS, PRECISIONS, SCHEDULES
+from eigtrain.engine import ENGINES, PRECISIONS, SCHEDULES
 from eigtrain.engine.deepspeed_zero import ZERO_STAGES
 from eigtrain.metrics_log import WANDB_MODES
 from eigtrain.models import BACKBONES
 from eigtrain.objectives import OBJECTIVES
-from eigtrain.schema import ConfigError, check
-
-NESTING_MODES = ("none", "joint", "sequential")
-DATA_MODES = ("views", "pairs")
+from eigtrain.objectives.nesting import MODES as NESTING_MODES
+from eigtrain.schema.check import ConfigError, check
 
 
 def _choice(key: str, value: Any, allowed: Iterable[Any]) -> None:
@@ -39,15 +40,13 @@ def _positive_int(key: str, value: Any) -> None:
 
 def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
     """Check ``cfg`` for a job of ``world_size`` ranks; return (micro_batch_size, grad_accum_steps)."""
-    check(cfg)  # unknown keys, bad types
-    _choice("objective.name", cfg.objective.name, OBJECTIVES)
+    check(cfg)  # unknown keys, bad types, and objective/optim/launcher names (their registries)
     _choice("nesting.mode", cfg.nesting.mode, NESTING_MODES)
     _choice("model.backbone", cfg.model.backbone, BACKBONES)
     _choice("data.mode", cfg.data.mode, DATA_MODES)
     _choice("data.augment", cfg.data.augment, PRESETS)
     _choice("engine.name", cfg.engine.name, ENGINES)
     _choice("engine.precision", cfg.engine.precision, PRECISIONS)
-    _choice("optim.name", cfg.optim.name, OPTIMIZERS)
     _choice("optim.schedule", cfg.optim.schedule, SCHEDULES)
     _choice("logging.wandb.mode", cfg.logging.wandb.mode, WANDB_MODES)
     _choice("device", cfg.device, ("auto", "cpu", "cuda"))
@@ -92,7 +91,7 @@ def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
 def _check_monitor_splits_in_index(cfg: DictConfig) -> None:
     """data.root's index, when it is already written, holds the monitor's splits: a missing one stopped the run
     at the monitor's set-up, after the run directory was claimed, with a message that did not name the key."""
-    if cfg.data.get("shards") or not (Path(cfg.data.root) / INDEX_NAME).is_file():
+    if cfg.data.shards or not (Path(cfg.data.root) / INDEX_NAME).is_file():
         return
     available = read_index(cfg.data.root).splits
     for key in ("train_split", "val_split"):
