@@ -217,7 +217,7 @@ def _plain(value):
 
 def _external_stream(cfg, env) -> tuple[ShardStream, int, dict]:
     """One-pass stream over data.root (eigtrain shards; count from the index) or data.shards (any webdataset
-    shards; counts from a shard index or one scan, see eigtrain.data.shards): (stream, samples, meta)."""
+    shards; counts from a shard index or one scan, see eigtrain.data.sample_counts): (stream, samples, meta)."""
     data = cfg.data
     common = dict(batch_size=cfg.batch_size, rank=env.rank, world_size=env.world_size, seed=cfg.seed, mode="views",
                   image_size=data.image_size, one_pass=True, max_corrupt=data.max_corrupt)

@@ -9,7 +9,8 @@ from .augment import BatchAugment, build_augment
 from .augment_recipes import ViewRecipe
 from .decode import Corrupt
 from .index import ShardIndex, read_index
-from .shards import ShardError, expand_shards, shard_counts
+from .sample_counts import shard_counts
+from .shards import ShardError, expand_shards
 from .sources import cifar10_source, digits_source, imagefolder_source, npz_source
 from .stream import CorruptDataError, ShardStream
 from .stream_options import StreamOptions

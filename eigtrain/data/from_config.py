@@ -18,7 +18,8 @@ from ..schema import DataConfig, typed
 from .decode import FITS
 from .gpu_decode import DECODE_CHOICES, choose_jpeg_device
 from .index import INDEX_NAME, read_index
-from .shards import expand_shards, known_counts, local_path, shard_counts
+from .sample_counts import known_counts, shard_counts
+from .shards import expand_shards, local_path
 from .stream import ShardStream
 from .stream_options import StreamOptions
 

@@ -2,7 +2,7 @@
 
 The shards are an eigtrain-written directory (``root`` with its ``index.json``) or any webdataset shards
 (``shards``: a brace pattern or list of URLs -- local, file:, http(s)://, pipe:, s3://, gs://; see
-`eigtrain.data.shards` for how their sample counts are found).
+`eigtrain.data.sample_counts` for how their sample counts are found).
 
 Per DataLoader worker the pipeline stages are, in order (see `eigtrain.data.plan` for the arithmetic):
 
@@ -34,7 +34,8 @@ from torch.utils.data import DataLoader
 from . import plan
 from .decode import IMAGE_EXTS, Corrupt, DecodeSpec, parse_keys
 from .index import read_index
-from .shards import expand_shards, shard_counts
+from .sample_counts import shard_counts
+from .shards import expand_shards
 from .stream_options import MODES, StreamOptions
 from .stream_read import NETWORK_RETRIES, WorkerPipeline, read_shard, read_tasks
 

@@ -182,7 +182,8 @@ class IndexArgs:
 
 def index_main(argv: list[str]) -> None:
     """``eigtrain-shards index PATTERN [out=FILE] [name=NAME]``."""
-    from .shards import WIDS_INDEX_NAME, count_samples, expand_shards, local_path, write_wids_index
+    from .sample_counts import WIDS_INDEX_NAME, write_wids_index
+    from .shards import count_samples, expand_shards, local_path
 
     if not argv or re.match(r"^[A-Za-z_][\w.]*=", argv[0]):  # key=value, not a pattern (a URL's query has '=')
         raise ValueError("usage: eigtrain-shards index PATTERN [out=FILE] [name=NAME] (PATTERN: brace pattern of shards)")

@@ -13,7 +13,8 @@ import time
 import pytest
 
 from eigtrain.data import ShardError, ShardStream, StreamOptions
-from eigtrain.data.shards import count_samples, open_url, shard_counts
+from eigtrain.data.sample_counts import shard_counts
+from eigtrain.data.shards import count_samples, open_url
 from tests.support.fault_server import FaultServer
 from tests.support.foreign_shards import good_samples, write_shard
 

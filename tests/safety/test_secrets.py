@@ -13,7 +13,8 @@ import threading
 
 import pytest
 
-from eigtrain.data.shards import ShardError, shard_counts
+from eigtrain.data.sample_counts import shard_counts
+from eigtrain.data.shards import ShardError
 from eigtrain.redact import MASK, RedactingFilter, redact_config, redact_url, redact_yaml_file
 
 TOKEN = "s3cr3tT0ken42"
