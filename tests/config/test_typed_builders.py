@@ -57,3 +57,13 @@ def test_no_config_default_is_read_at_a_call_site():
             if "synthetic" not in path.parts  # its own override parser is being retired separately
             for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert not hits, hits
+
+
+def test_allowed_values_are_the_registries_own_lists():
+    from eigtrain.data import stream_options
+    from eigtrain.engine import optim
+    from eigtrain.objectives import nesting
+    from eigtrain.schema import OPTIM_SCHEMAS, combinations
+
+    assert combinations.NESTING_MODES is nesting.MODES and combinations.DATA_MODES is stream_options.MODES
+    assert optim.OPTIMIZERS == tuple(OPTIM_SCHEMAS)

@@ -82,3 +82,12 @@ def test_the_check_sees_a_restated_default():
         ["lr: 0.1", "momentum: 0.9"]
     assert _restated({"logging": {"wandb": {"mode": "offline"}}, "steps": 5}, _defaults(TrainConfig)) == \
         ["logging.wandb.mode: 'offline'"]
+
+
+@pytest.mark.parametrize("overrides, key, value", [
+    (["optim.momentum=0.5"], "optim.momentum", 0.5),  # sgd.yaml does not set it: its dataclass brings it
+    (["objective=rq", "objective.mu=3"], "objective.mu", 3.0),
+    (["launcher=slurm", "launcher.gpus_per_node=2"], "launcher.gpus_per_node", 2),
+])
+def test_a_key_its_option_file_leaves_to_the_default_takes_an_override(overrides, key, value):
+    assert OmegaConf.select(compose_config(overrides), key) == value
