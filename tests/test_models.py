@@ -26,8 +26,8 @@ def test_encoder_maps_a_batch_to_dim(backbone, shape):
 
 
 def test_resnet_cifar_stem_keeps_resolution():
-    plain = build_backbone("resnet18", (3, 32, 32))
-    cifar = build_backbone("resnet18", (3, 32, 32), cifar_stem=True)
+    plain = build_backbone({"backbone": "resnet18"}, (3, 32, 32))
+    cifar = build_backbone({"backbone": "resnet18", "cifar_stem": True}, (3, 32, 32))
     assert plain.conv1.kernel_size == (7, 7) and plain.conv1.stride == (2, 2)
     assert cifar.conv1.kernel_size == (3, 3) and cifar.conv1.stride == (1, 1)
     assert isinstance(cifar.maxpool, torch.nn.Identity)
@@ -37,10 +37,10 @@ def test_resnet_cifar_stem_keeps_resolution():
 
 
 def test_vit_image_and_patch_size_are_configurable():
-    vit = build_backbone("vit_small", (3, 48, 48), patch_size=12)
+    vit = build_backbone({"backbone": "vit_small", "patch_size": 12}, (3, 48, 48))
     assert vit.patch_embed.num_patches == 16 and vit.num_features == 384
     with pytest.raises(ValueError, match="patch_size=10 must divide the image size 48x48"):
-        build_backbone("vit_tiny", (3, 48, 48), patch_size=10)
+        build_backbone({"backbone": "vit_tiny", "patch_size": 10}, (3, 48, 48))
 
 
 def test_projector_of_the_papers_runs():  # configs/model/resnet18.yaml's projector; defaults: tests/config
@@ -62,9 +62,9 @@ def test_pair_encoder_has_independent_phi_and_psi_with_context_overrides():
 
 def test_unknown_backbone_and_wrong_input_kind_are_clear_errors():
     with pytest.raises(ValueError, match="model.backbone='resnet7' is not known; allowed: tiny_cnn"):
-        build_backbone("resnet7", (3, 32, 32))
+        build_backbone({"backbone": "resnet7"}, (3, 32, 32))
     with pytest.raises(ValueError, match="needs image inputs"):
-        build_backbone("resnet18", (10,))
+        build_backbone({"backbone": "resnet18"}, (10,))
 
 
 def test_resnet_runs_use_sync_batch_norm_on_several_gpus_unless_switched_off(caplog):

@@ -6,10 +6,12 @@ Every builder returns a module mapping a batch to (batch, num_features) and expo
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
+
+from eigtrain.schema import ModelConfig, typed
 
 IMAGE_BACKBONES = ("tiny_cnn", "resnet18", "resnet50", "vit_tiny", "vit_small")
 VECTOR_BACKBONES = ("mlp",)
@@ -65,23 +67,19 @@ def _cifar_stem(resnet: nn.Module, in_chans: int) -> None:
     resnet.maxpool = nn.Identity()
 
 
-def build_backbone(
-    name: str,
-    input_shape: Sequence[int],
-    *,
-    cifar_stem: bool = False,
-    patch_size: int = 16,
-    width: int = 32,
-    depth: int = 4,
-) -> nn.Module:
-    """Build a backbone for inputs of ``input_shape`` ((C, H, W) for images, (n,) for vectors)."""
+def build_backbone(cfg: ModelConfig | Mapping[str, Any], input_shape: Sequence[int]) -> nn.Module:
+    """Build the backbone of the ``model`` config (a ModelConfig; a mapping of some keys takes the schema's defaults
+    for the rest) for inputs of ``input_shape`` ((C, H, W) for images, (n,) for vectors)."""
+    cfg = typed(ModelConfig, cfg)
+    name, width, depth, patch_size = cfg.backbone, cfg.width, cfg.depth, cfg.patch_size
     if name not in BACKBONES:
         raise ValueError(f"model.backbone={name!r} is not known; allowed: {', '.join(BACKBONES)}")
     if name in VECTOR_BACKBONES:
         n_in = int(torch.Size(input_shape).numel())
         return MLP(n_in, width=width, depth=depth)
     if len(input_shape) != 3:
-        raise ValueError(f"model.backbone={name!r} needs image inputs (C, H, W); the data gives shape {tuple(input_shape)}")
+        raise ValueError(f"model.backbone={name!r} needs image inputs (C, H, W); the data gives shape "
+                         f"{tuple(input_shape)}")
     in_chans, height, wide = (int(s) for s in input_shape)
     if name == "tiny_cnn":
         return TinyCNN(in_chans, width=width)
@@ -95,6 +93,6 @@ def build_backbone(
             img_size=(height, wide), patch_size=patch_size,
         )
     resnet = timm.create_model(_TIMM_NAMES[name], pretrained=False, num_classes=0, in_chans=in_chans)
-    if cifar_stem:
+    if cfg.cifar_stem:
         _cifar_stem(resnet, in_chans)
     return resnet

@@ -58,15 +58,15 @@ class PairEncoder(nn.Module):
 
 
 def _build_one(cfg: ModelConfig, dim: int, input_shape: Sequence[int]) -> Encoder:
-    backbone = build_backbone(cfg.backbone, input_shape, cifar_stem=cfg.cifar_stem, patch_size=cfg.patch_size,
-                              width=cfg.width, depth=cfg.depth)
+    backbone = build_backbone(cfg, input_shape)
     projector = Projector(backbone.num_features, dim, hidden=cfg.projector_hidden, layers=cfg.projector_layers,
                           batch_norm=cfg.projector_batch_norm)
     return Encoder(backbone, projector)
 
 
 def build_encoder(
-    cfg: ModelConfig | Mapping[str, Any], dim: int, input_shape: Sequence[int], context_shape: Sequence[int] | None = None
+    cfg: ModelConfig | Mapping[str, Any], dim: int, input_shape: Sequence[int],
+    context_shape: Sequence[int] | None = None,
 ) -> Encoder | PairEncoder:
     """Build the encoder described by the ``model`` config group (a ModelConfig; a mapping of some keys takes
     the schema's defaults for the rest).
