@@ -42,12 +42,12 @@ def _config(cfg: Mapping) -> dict:
         from omegaconf import OmegaConf
 
         cfg = OmegaConf.to_container(cfg, resolve=True)
-    if cfg.get("name", "slurm") != "slurm":
-        raise ValueError(f"launcher.name={cfg['name']!r} given to the Slurm launcher")
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
         raise ValueError(f"unknown launcher key(s) {unknown}; allowed: {sorted(DEFAULTS)}")
-    out = {**DEFAULTS, **{k: v for k, v in cfg.items() if v is not None}}
+    out = {**DEFAULTS, **cfg}  # a null the user wrote stays null (mem_per_cpu=null: no memory request)
+    if out["name"] != "slurm":
+        raise ValueError(f"launcher.name={out['name']!r} given to the Slurm launcher")
     if not out["folder"]:
         raise ValueError("launcher.folder must be set (submitit logs go there; use a folder in the run dir)")
     minimum = {"time": 1, "nodes": 1, "gpus_per_node": 0, "max_requeues": 0, "signal_delay_s": 0}

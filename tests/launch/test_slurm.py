@@ -72,6 +72,7 @@ def test_default_resources_follow_the_data_workers_and_bind_gpus(slurm_cluster):
     assert {"--cpus-per-task=3", "--mem=64G"} <= set(options)
     assert not any(o.startswith(("--mem-per-cpu", "--gpu")) for o in options)
     assert "--mem-per-cpu=8G" in sbatch_options("launcher.mem_per_cpu=8G")
+    assert not any(o.startswith("--mem") for o in sbatch_options("launcher.mem_per_cpu=null"))  # no request at all
 
 
 def node_cpus() -> int:
