@@ -18,11 +18,12 @@ def _center_pooled(f, g):
 
 # name, build kwargs, reference on one prefix, transform of the full features before truncation
 CASES = {
-    "lora": ("lora", {}, ref.lora, None),
-    "lora-center": ("lora", {"center": True}, ref.lora, lambda f, g: (f - f.mean(0), g - g.mean(0))),
-    "scl": ("scl", {}, ref.lora, None),
-    "scl-normalize": ("scl", {"normalize": True}, ref.lora, lambda f, g: (F.normalize(f, dim=1), F.normalize(g, dim=1))),
-    "scl-center": ("scl", {"center": True}, ref.lora, _center_pooled),
+    # lora/scl without the constant held outside (its own brute force: tests/objectives/test_constant_mode.py)
+    "lora": ("lora", {"constant_mode": "none"}, ref.lora, None),
+    "lora-center": ("lora", {"center": True, "constant_mode": "none"}, ref.lora, lambda f, g: (f - f.mean(0), g - g.mean(0))),
+    "scl": ("scl", {"constant_mode": "none"}, ref.lora, None),
+    "scl-normalize": ("scl", {"normalize": True, "constant_mode": "none"}, ref.lora, lambda f, g: (F.normalize(f, dim=1), F.normalize(g, dim=1))),
+    "scl-center": ("scl", {"center": True, "constant_mode": "none"}, ref.lora, _center_pooled),
     "rq": ("rq", {"mu": 3.0, "nu": 7.0}, lambda f, g: ref.rq(f, g, 3.0, 7.0), None),
     "rq-pairs": ("rq", {"pairs": True}, lambda f, g: ref.rq(f, g, pairs=True), None),
     "rq-center": ("rq", {"center": True}, ref.rq, _center_pooled),
@@ -117,7 +118,8 @@ def test_sequential_nesting_value_and_stop_gradient(case):
 
 def test_prefix_normalized_scl_equals_bruteforce():
     prefixes = mrl_prefixes(DIM)
-    objective = build_objective("scl", DIM, nesting="joint", prefixes="mrl", normalize="prefix")
+    objective = build_objective("scl", DIM, nesting="joint", prefixes="mrl", normalize="prefix",
+                                constant_mode="none")
     f, g = _features(3)
     loss, _ = objective(f, g)
     expected = sum(

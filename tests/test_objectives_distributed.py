@@ -18,10 +18,10 @@ CASES = [
     (name, kwargs, nesting)
     for name, kwargs in [
         ("lora", {}),
-        ("lora", {"center": True}),
+        ("lora", {"center": True, "constant_mode": "none"}),
         ("scl", {"normalize": True}),
-        ("lora", {"constant_mode": "fixed"}),  # the constant held outside the prefixes: its mean sums add up
-        ("scl", {"normalize": "prefix", "constant_mode": "fixed", "reduction": "gather"}),
+        ("lora", {"constant_mode": "none"}),  # "lora" above holds the constant outside the prefixes (the default)
+        ("scl", {"normalize": "prefix"}),  # (tests/objectives/test_reduction_choice.py runs these through every route)
         ("rq", {}),
         ("rq", {"pairs": True}),
         ("rq_direct", {}),

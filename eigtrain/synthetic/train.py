@@ -47,7 +47,8 @@ def objective_coefficients(cfg: SyntheticConfig) -> dict:
         return {"sim_coeff": float(cfg.dim), "std_coeff": 10.0, "cov_coeff": 30.0 / (2 * max(1, cfg.dim - 1))}
     if cfg.objective in ("rq", "rq_direct"):
         return {"mu": 10.0, "nu": 30.0}
-    return {}
+    # The paper's LoRA: the encoder learns the constant (constant_mode=learned) or outputs it (fixed) itself.
+    return {"constant_mode": "none"}
 
 
 class PairStream:

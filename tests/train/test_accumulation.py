@@ -24,7 +24,7 @@ SGD = {"name": "sgd", "lr": 1.0, "momentum": 0.0, "weight_decay": 0.0}  # lr 1: 
 
 CASES = [
     ("lora", {}, "none"),
-    ("lora", {"center": True}, "joint"),
+    ("lora", {"center": True, "constant_mode": "none"}, "joint"),
     ("scl", {"normalize": "full"}, "joint"),
     ("scl", {"normalize": "prefix"}, "joint"),
     ("scl", {}, "sequential"),
