@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from eigtrain.objectives import build_objective
 from eigtrain.objectives.moments import choose_reduction, reduction_costs
 from eigtrain.schema import objective_schema
-from tests.test_objectives_distributed import CASES, DIM, WORLD, _data, _free_port, _model, _Pair
+from tests.objectives.test_objectives_distributed import CASES, DIM, WORLD, _data, _free_port, _model, _Pair
 from tests.support.runs import check, losses, overrides, torchrun
 
 # Per-rank batches: equal, and ragged (a short last batch; even, as split-batch objectives need).
@@ -25,7 +25,7 @@ ROUTES = {
     "auto, cheap compute": ({"reduction": "auto", "reduction_flops_per_byte": 1e9}, "gather"),
     "auto, dear compute": ({"reduction": "auto", "reduction_flops_per_byte": 1e-3}, "moments"),
 }
-# (equal, moments) is tests/test_objectives_distributed.py
+# (equal, moments) is tests/objectives/test_objectives_distributed.py
 RUNS = [("equal", "gather")] + [("ragged", route) for route in ROUTES]
 
 
