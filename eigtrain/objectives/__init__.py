@@ -38,7 +38,7 @@ def build_objective(
     nesting: none | joint | sequential; prefixes: None/'all' (every prefix), 'mrl' ({4, 8, ..., dim})
     or a list inside 1..dim; weights: positive, default uniform 1/|K|.
     pairs: two encoders on stored pairs (default True for lora, False otherwise).
-    coefficients: family options (lora/scl: center, normalize; rq/rq_direct: mu, nu, center;
+    coefficients: family options (lora/scl: center, normalize, constant_mode; rq/rq_direct: mu, nu, center;
     vicreg: sim_coeff, std_coeff, cov_coeff, eps; vicreg_paper: lam, mu, nu, eps).
     """
     if name not in OBJECTIVES:

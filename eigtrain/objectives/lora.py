@@ -28,7 +28,8 @@ CONSTANT_MODES = ("none", "fixed")
 class LoRA(Objective):
     name = "lora"
     # constant_mode: fixed (the constant function held outside the nested prefixes; module docstring) | none.
-    # fixed by default: measured better at every prefix size (benchmarks/jn_constant.md).
+    # fixed by default: measured better for l2-normalized SCL, equal within noise unnormalized
+    # (benchmarks/jn_constant.md).
     defaults = {"center": False, "normalize": "none", "constant_mode": "fixed"}
     default_pairs = True
 
