@@ -141,7 +141,10 @@ def render() -> str:
 
 
 def main() -> None:
-    out = Path(sys.argv[1] if sys.argv[1:] else "docs/configuration.md")
+    args = sys.argv[1:]
+    if len(args) > 1 or (args and args[0].startswith("-")):  # --help must not become a file named --help
+        raise SystemExit("usage: python -m eigtrain.config_doc [OUT]   (default: docs/configuration.md)")
+    out = Path(args[0] if args else "docs/configuration.md")
     out.write_text(render())
     print(f"wrote {out}")
 

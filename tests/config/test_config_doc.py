@@ -88,3 +88,11 @@ def test_a_subclass_comment_wins_and_a_bare_redefinition_keeps_the_base_comment(
     table = "\n".join(config_doc.tables("t", Option, prefix="optim."))
     assert "| `optim.lr` | float | `0.5` | the option's own doc |" in table
     assert "| `optim.plain` | int | `0` |  |" in table  # no comment: an empty cell
+
+
+def test_help_is_usage_not_a_file_named_help(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["config_doc", "--help"])
+    with pytest.raises(SystemExit, match="usage: python -m eigtrain.config_doc"):
+        config_doc.main()
+    assert not list(tmp_path.iterdir())
