@@ -153,18 +153,23 @@ def _feature_one_mean_over_sd(head, z: torch.Tensor) -> float:
 
 
 @pytest.mark.slow
-def test_quickstart_short_run_exports_an_informative_first_feature(tmp_path):
+@pytest.mark.parametrize("constant_mode", ["fixed", "none"])
+def test_quickstart_short_run_exports_an_informative_first_feature(tmp_path, constant_mode):
     """The quickstart's recipe (SCL, l2-normalized, joint nesting), shortened: the export's feature 1 is not the
-    constant. The paper's convention (what eigtrain-rr exported before) is, on the same run."""
+    constant, whether training held the constant outside the prefixes (the default) or not. Without it the trained
+    span holds the constant, and the paper's convention (what eigtrain-rr exported before) puts it first."""
     from eigtrain.embed import embed_split, open_run
     from eigtrain.export import load_head
     from eigtrain.train import compose_config, run
 
     run_dir = tmp_path / "run"
     run(compose_config(["experiment=quickstart", f"run_dir={run_dir}", f"data.root={tmp_path / 'digits'}", "steps=30",
-                        "checkpoint_every=30", "cpu_threads=1", "logging.progress=false", "logging.wandb.mode=disabled"]))
+                        "checkpoint_every=30", "cpu_threads=1", "logging.progress=false", "logging.wandb.mode=disabled",
+                        f"objective.constant_mode={constant_mode}"]))
     assert rr_main([f"run_dir={run_dir}", "batch_size=256", "num_workers=0"]) == 0
     val_z, _ = embed_split(open_run(str(run_dir)), "val")
     exported = _feature_one_mean_over_sd(load_head(run_dir / "rr", dtype=torch.float64), val_z)
     paper = _feature_one_mean_over_sd(load_head(run_dir / "rr", dtype=torch.float64, convention="paper"), val_z)
-    assert exported < 0.5 < 2 < paper, (exported, paper)  # issue 22 measured |mean|/sd = 6 for feature 1 at 300 steps
+    assert exported < 0.5, (exported, paper)
+    if constant_mode == "none":  # issue 22 measured |mean|/sd = 6 for feature 1 at 300 steps
+        assert paper > 2, (exported, paper)
