@@ -5,5 +5,9 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-config_groups = [f"eigtrain.configs.{d.name}" for d in sorted(Path("configs").iterdir()) if d.is_dir() and d.name != "__pycache__"]
-setup(packages=[*find_packages(include=["eigtrain", "eigtrain.*"]), "eigtrain.configs", *config_groups, "eigtrain.launch"])
+config_groups = [
+    f"eigtrain.configs.{d.name}" for d in sorted(Path("configs").iterdir()) if d.is_dir() and d.name != "__pycache__"
+]
+setup(
+    packages=[*find_packages(include=["eigtrain", "eigtrain.*"]), "eigtrain.configs", *config_groups, "eigtrain.launch"]
+)

@@ -107,8 +107,10 @@ def _claim_step_dir(path: Path) -> str:
     """Make ``path`` for a save, after deleting a stale partial save of this step (eigtrain's: nothing is complete
     there); '' when done, or why not: a directory of that name that eigtrain did not write is left alone."""
     if path.exists() and not is_ours(path):
-        return (f"{path} exists and was not written by eigtrain (no {OWNER} or {MARKER} in it): refusing to replace "
-                f"it; move it out of {path.parent}")
+        return (
+            f"{path} exists and was not written by eigtrain (no {OWNER} or {MARKER} in it): refusing to replace "
+            f"it; move it out of {path.parent}"
+        )
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     (path / OWNER).write_text("written by eigtrain's Checkpointer\n")
@@ -206,8 +208,17 @@ class Checkpointer:
     """Collects the engine state, trainer counters and per-rank state into ``root/step-N/``, and decides when:
     every ``every`` steps (0: never periodically), at the last step, and at once on a stop signal."""
 
-    def __init__(self, root: Path, engine: Any, *, keep_last: int = 3, rank: int = 0, world_size: int = 1,
-                 every: int = 0, signal_check_every: int = 1):
+    def __init__(
+        self,
+        root: Path,
+        engine: Any,
+        *,
+        keep_last: int = 3,
+        rank: int = 0,
+        world_size: int = 1,
+        every: int = 0,
+        signal_check_every: int = 1,
+    ):
         self.root, self.engine, self.keep_last = Path(root), engine, keep_last
         self.rank, self.world_size = rank, world_size
         self.every, self.signal_check_every = every, signal_check_every
@@ -282,8 +293,12 @@ class Checkpointer:
             return trainer_state, torch.load(path / f"rank-{self.rank}.pt", weights_only=True)
         # Another world size (e.g. a requeued job on fewer nodes): the data cursor carries over (the stream
         # re-plans the rest of the epoch) but per-rank RNG streams cannot, so the resume is not exact.
-        log.warning("checkpoint %s was written by %s ranks, this run has %d: resuming, but not exactly",
-                    path, saved_world, self.world_size)
+        log.warning(
+            "checkpoint %s was written by %s ranks, this run has %d: resuming, but not exactly",
+            path,
+            saved_world,
+            self.world_size,
+        )
         return trainer_state, {"data": torch.load(path / "rank-0.pt", weights_only=True)["data"]}
 
 

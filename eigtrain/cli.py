@@ -30,6 +30,7 @@ _INTEGRAL_FLOAT = re.compile(r"^[+-]?\d[\d_]*(\.\d*)?[eE][+]?\d+$")
 
 # ------------------------------------------------------------------------------------ error lines
 
+
 def error_line(error: BaseException) -> str:
     """One line for a Hydra or OmegaConf error: the key, what is wrong, and what is allowed."""
     if isinstance(error, MissingConfigException) and error.options is not None and error.missing_cfg_file:
@@ -42,6 +43,7 @@ def error_line(error: BaseException) -> str:
 
 
 # --------------------------------------------------------------------- small commands (dataclasses)
+
 
 def compose_dataclass(schema: type, argv: Sequence[str], groups: Mapping[str, Mapping[str, dict]] | None = None):
     """An instance of dataclass `schema` from Hydra overrides `argv`; ValueError (one line) on a bad one.
@@ -85,8 +87,10 @@ def compose_dataclass(schema: type, argv: Sequence[str], groups: Mapping[str, Ma
         return OmegaConf.to_object(cfg)
     except MissingConfigException as error:  # preset=NAME that does not exist
         group = (error.missing_cfg_file or "").rpartition("/")[0].removeprefix(f"{primary}_")
-        raise ValueError(f"{group}={error.missing_cfg_file.rpartition('/')[2]!r} is unknown; "
-                         f"allowed: {', '.join(sorted(error.options or []))}") from None
+        raise ValueError(
+            f"{group}={error.missing_cfg_file.rpartition('/')[2]!r} is unknown; "
+            f"allowed: {', '.join(sorted(error.options or []))}"
+        ) from None
     except (HydraException, OmegaConfBaseException) as error:
         raise ValueError(error_line(error).replace(f"{primary}_", "")) from None
     finally:
@@ -125,8 +129,12 @@ def _as_override(schema: type, key: str, value: str) -> str:
 
 def _as_value(args: set, value: str) -> str:
     """One value of declared type(s) `args` in Hydra's override grammar."""
-    if args <= {str, Any} and value != "null" and not value.startswith(("'", '"')) \
-            and not (Any in args and value.startswith("[")):
+    if (
+        args <= {str, Any}
+        and value != "null"
+        and not value.startswith(("'", '"'))
+        and not (Any in args and value.startswith("["))
+    ):
         return f"'{_quoted(value)}'"  # taken literally: commas, braces, `=` are no Hydra syntax here
     if args == {int} and _INTEGRAL_FLOAT.match(value):
         number = float(value.replace("_", ""))
@@ -162,6 +170,7 @@ def _quoted(value: str) -> str:
 
 # --------------------------------------------------------------------------- eigtrain-train (Hydra)
 
+
 def hydra_overrides(argv: Sequence[str]) -> tuple[list[str], bool, str | None] | None:
     """(overrides, multirun, config_name) of a Hydra app's command line; None when it asks for help,
     completion, a rerun or the like (nothing to compose) or is not valid (Hydra then says why)."""
@@ -172,8 +181,14 @@ def hydra_overrides(argv: Sequence[str]) -> tuple[list[str], bool, str | None] |
             args = get_args_parser().parse_args(list(argv))
     except SystemExit:
         return None
-    if args.help or args.hydra_help or args.shell_completion or args.info \
-            or args.experimental_rerun or args.config_path:
+    if (
+        args.help
+        or args.hydra_help
+        or args.shell_completion
+        or args.info
+        or args.experimental_rerun
+        or args.config_path
+    ):
         return None
     overrides = list(args.overrides)
     if args.config_dir:
@@ -200,7 +215,7 @@ def sweep_points(overrides: Sequence[str]) -> list[list[str]]:
     points = [[o for o in fixed if o is not None]]
     for i, options in enumerate(values):
         for option in (options or [])[1:]:
-            points.append([o for o in fixed[:i] + [option] + fixed[i + 1:] if o is not None])
+            points.append([o for o in fixed[:i] + [option] + fixed[i + 1 :] if o is not None])
     return points
 
 
@@ -236,8 +251,10 @@ def check_repeated_keys(overrides: Sequence[str]) -> None:
             values.setdefault(key.lstrip("+~"), []).append(value)
     for key, given in values.items():
         if len(set(given)) > 1 and os.path.commonprefix(given) and os.path.commonprefix([v[::-1] for v in given]):
-            raise ConfigError(f"{key} is given {len(given)} times ({', '.join(given[:3])}{', ...' if len(given) > 3 else ''}"
-                              f"): did the shell expand a brace pattern? Quote it: \"{key}='DIR/train-{{000..099}}.tar'\"")
+            raise ConfigError(
+                f"{key} is given {len(given)} times ({', '.join(given[:3])}{', ...' if len(given) > 3 else ''}"
+                f"): did the shell expand a brace pattern? Quote it: \"{key}='DIR/train-{{000..099}}.tar'\""
+            )
 
 
 def _grammar_hint(overrides: Sequence[str]) -> str | None:
@@ -250,8 +267,10 @@ def _grammar_hint(overrides: Sequence[str]) -> str | None:
             parser.parse_overrides([item])
         except HydraException:
             key, _, value = item.partition("=")
-            return (f"{item}: Hydra's override grammar cannot read this value; quote it as \"{key}='{value}'\" "
-                    f"(the single quotes reach Hydra, the double quotes the shell)")
+            return (
+                f"{item}: Hydra's override grammar cannot read this value; quote it as \"{key}='{value}'\" "
+                f"(the single quotes reach Hydra, the double quotes the shell)"
+            )
     return None
 
 
@@ -260,6 +279,8 @@ def _brace_hint(overrides: Sequence[str]) -> str | None:
     for item in overrides:
         key, _, value = item.partition("=")
         if _BRACE_PATTERN.search(value) and not value.startswith(("'", '"')):
-            return (f"{key}={value}: Hydra reads braces as its own syntax; quote the pattern as "
-                    f"\"{key}='{value}'\" (the single quotes reach Hydra, the double quotes stop the shell expanding it)")
+            return (
+                f"{key}={value}: Hydra reads braces as its own syntax; quote the pattern as "
+                f"\"{key}='{value}'\" (the single quotes reach Hydra, the double quotes stop the shell expanding it)"
+            )
     return None

@@ -14,12 +14,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import EXPORT_NAME, latest_checkpoint, load_encoder
 from .data import ShardStream, StreamOptions, build_augment, read_index
+from .data.augment import NORMALIZATION
 from .data.from_config import DataConfigError, build_stream, split_shards, split_source, uses_shards
 from .data.pipe_trust import SOURCE_KEYS, check_saved_sources
-from .redact import saved_value_usable
-from .data.augment import NORMALIZATION
 from .export import file_sha256, files_sha256
 from .rayleigh_ritz import RRAccumulator
+from .redact import saved_value_usable
 
 
 @dataclass
@@ -36,8 +36,12 @@ class TrainedRun:
         return self.cfg.data.mode == "pairs"
 
 
-def open_run(run_dir: str | None = None, checkpoint: str | None = None, device: str = "cpu",
-             data: Mapping[str, Any] | None = None) -> TrainedRun:
+def open_run(
+    run_dir: str | None = None,
+    checkpoint: str | None = None,
+    device: str = "cpu",
+    data: Mapping[str, Any] | None = None,
+) -> TrainedRun:
     """The run's encoder: its final export, or a given checkpoint (run_dir/checkpoints/step-N). `data`: the
     command line's data.shards / val_shards / shard_index (replacing the saved config's; None keeps it) and
     allow_pipe (see eigtrain.data.pipe_trust)."""
@@ -57,12 +61,15 @@ def open_run(run_dir: str | None = None, checkpoint: str | None = None, device: 
     cfg = OmegaConf.load(run / "config.yaml")
     given = {k: v for k, v in (data or {}).items() if k in SOURCE_KEYS and v is not None}
     if given.get("val_shards") is not None and not (given.get("shards") or cfg.data.shards):
-        raise DataConfigError(f"data.val_shards goes with data.shards: {run} was trained on data.root="
-                              f"{cfg.data.root}, whose split 'val' is read without it")  # it was ignored silently
+        raise DataConfigError(
+            f"data.val_shards goes with data.shards: {run} was trained on data.root="
+            f"{cfg.data.root}, whose split 'val' is read without it"
+        )  # it was ignored silently
     for key, value in given.items():
         cfg.data[key] = value
-    return TrainedRun(run, cfg, encoder, step or run / EXPORT_NAME, frozenset(given),
-                      bool((data or {}).get("allow_pipe")))
+    return TrainedRun(
+        run, cfg, encoder, step or run / EXPORT_NAME, frozenset(given), bool((data or {}).get("allow_pipe"))
+    )
 
 
 def check_split(run: TrainedRun, split: str) -> str:
@@ -89,15 +96,26 @@ def normalization(data: DictConfig) -> dict:
     return {"mean": tuple(data.mean) if data.mean else mean, "std": tuple(data.std) if data.std else std}
 
 
-def _stream(run: TrainedRun, split: str, batch_size: int, num_workers: int, rank: int, world: int,
-            device="cpu") -> ShardStream:
+def _stream(
+    run: TrainedRun, split: str, batch_size: int, num_workers: int, rank: int, world: int, device="cpu"
+) -> ShardStream:
     """One pass over the run's data (data.root's split, or its data.shards with the run's cached counts)."""
     check_split(run, split)
     data = run.cfg.data
     if not uses_shards(data):  # each worker reads whole shards of its own; 0 = in-process
         num_workers = min(num_workers, len(read_index(data.root).shards(split)) // world)
-    return build_stream(data, batch_size=batch_size, rank=rank, world_size=world, seed=run.cfg.seed, device=device,
-                        cache_dir=run.run_dir / "data", split=split, num_workers=num_workers, one_pass=True)
+    return build_stream(
+        data,
+        batch_size=batch_size,
+        rank=rank,
+        world_size=world,
+        seed=run.cfg.seed,
+        device=device,
+        cache_dir=run.run_dir / "data",
+        split=split,
+        num_workers=num_workers,
+        one_pass=True,
+    )
 
 
 def batch_generator(keys: list[str], seed: int, device) -> torch.Generator:
@@ -120,8 +138,11 @@ def reduce_views(encode, stream: ShardStream, augment, acc: RRAccumulator, devic
     """Accumulate (encode(view 1), encode(view 2)) over every batch of a one-pass stream, float64."""
     for batch in stream:
         sizes = batch.get("size")  # valid image sizes of a padded batch (image_fit="whole")
-        v1, v2 = augment(batch["image"].to(device, non_blocking=True), generator=batch_generator(batch["key"], seed, device),
-                         sizes=sizes)
+        v1, v2 = augment(
+            batch["image"].to(device, non_blocking=True),
+            generator=batch_generator(batch["key"], seed, device),
+            sizes=sizes,
+        )
         with autocast(device):
             z = encode(torch.cat([v1, v2]))
         acc.update(*z.float().chunk(2))
@@ -129,8 +150,16 @@ def reduce_views(encode, stream: ShardStream, augment, acc: RRAccumulator, devic
 
 
 @torch.no_grad()
-def reduce_pairs(run: TrainedRun, split: str, batch_size: int, num_workers: int, rank: int, world: int,
-                 device: str = "cpu", seed: int = 0) -> tuple[RRAccumulator, int]:
+def reduce_pairs(
+    run: TrainedRun,
+    split: str,
+    batch_size: int,
+    num_workers: int,
+    rank: int,
+    world: int,
+    device: str = "cpu",
+    seed: int = 0,
+) -> tuple[RRAccumulator, int]:
     """Accumulate (Psi(a), Psi(a+)) over augmented views (or (Phi(x), Psi(a)) for pairs) of this rank's share."""
     data = run.cfg.data
     stream = _stream(run, split, batch_size, num_workers, rank, world, device)
@@ -171,10 +200,19 @@ def reduce_encoder(cfg, env, pairs: bool, device):
     run = open_run(cfg.run_dir, cfg.checkpoint, device, data=command_line_data(cfg.data))
     data_source = check_split(run, cfg.split)
     if run.pairs != pairs:
-        raise ValueError(f"mode={cfg.mode!r} does not fit this run: use mode=svd for a pairs run (two encoders), another mode for views")
-    acc, expected = reduce_pairs(run, cfg.split, cfg.batch_size, cfg.num_workers, env.rank, env.world_size, device, cfg.seed)
-    source = {"kind": "checkpoint", "run_dir": str(run.run_dir.resolve()), "path": str(Path(run.weights).resolve()),
-              "sha256": weights_sha256(Path(run.weights)), "data": data_source}
+        raise ValueError(
+            f"mode={cfg.mode!r} does not fit this run: use mode=svd for a pairs run (two encoders), another mode for views"
+        )
+    acc, expected = reduce_pairs(
+        run, cfg.split, cfg.batch_size, cfg.num_workers, env.rank, env.world_size, device, cfg.seed
+    )
+    source = {
+        "kind": "checkpoint",
+        "run_dir": str(run.run_dir.resolve()),
+        "path": str(Path(run.weights).resolve()),
+        "sha256": weights_sha256(Path(run.weights)),
+        "data": data_source,
+    }
     return acc, expected, source, run.run_dir / "rr"
 
 
@@ -195,19 +233,29 @@ def reduce_external(cfg, env, device):
     if not view_size:
         raise ValueError("data.image_size is needed: these shards do not state their image size")
     view_size = (view_size, view_size) if isinstance(view_size, int) else tuple(view_size)
-    model = build_external_encoder(spec, cfg.encoder.checkpoint, dict(cfg.encoder.kwargs), in_chans=channels,
-                                   seed=cfg.seed).to(device)
+    model = build_external_encoder(
+        spec, cfg.encoder.checkpoint, dict(cfg.encoder.kwargs), in_chans=channels, seed=cfg.seed
+    ).to(device)
     dim = embedding_dim(model, spec, (channels, *view_size), device)  # fails on a bad output before any data is read
     mean, std = NORMALIZATION[data.augment]
-    augment = build_augment(data.augment, image_size=view_size, mean=tuple(data.mean or mean), std=tuple(data.std or std)).to(device)
+    augment = build_augment(
+        data.augment, image_size=view_size, mean=tuple(data.mean or mean), std=tuple(data.std or std)
+    ).to(device)
     encode = lambda x: check_embedding(model(x), spec, len(x))  # noqa: E731
     acc = reduce_views(encode, stream, augment, RRAccumulator(dim, device=device), device, cfg.seed)
     weights = cfg.encoder.checkpoint
-    source = {"kind": "encoder", "encoder": spec, "kwargs": dict(cfg.encoder.kwargs),
-              "checkpoint": str(Path(weights).resolve()) if weights else None, "init_seed": None if weights else cfg.seed,
-              "sha256": file_sha256(weights) if weights and env.rank == 0 else None,
-              "data": {k: _plain(getattr(data, k)) for k in ("root", "shards", "val_shards", "augment", "image_size",
-                                                             "image_fit", "view_size", "mean", "std")}}
+    source = {
+        "kind": "encoder",
+        "encoder": spec,
+        "kwargs": dict(cfg.encoder.kwargs),
+        "checkpoint": str(Path(weights).resolve()) if weights else None,
+        "init_seed": None if weights else cfg.seed,
+        "sha256": file_sha256(weights) if weights and env.rank == 0 else None,
+        "data": {
+            k: _plain(getattr(data, k))
+            for k in ("root", "shards", "val_shards", "augment", "image_size", "image_fit", "view_size", "mean", "std")
+        },
+    }
     return acc, expected, source
 
 
@@ -219,8 +267,16 @@ def _external_stream(cfg, env) -> tuple[ShardStream, int, dict]:
     """One-pass stream over data.root (eigtrain shards; count from the index) or data.shards (any webdataset
     shards; counts from a shard index or one scan, see eigtrain.data.sample_counts): (stream, samples, meta)."""
     data = cfg.data
-    common = dict(batch_size=cfg.batch_size, rank=env.rank, world_size=env.world_size, seed=cfg.seed, mode="views",
-                  image_size=data.image_size, one_pass=True, max_corrupt=data.max_corrupt)
+    common = dict(
+        batch_size=cfg.batch_size,
+        rank=env.rank,
+        world_size=env.world_size,
+        seed=cfg.seed,
+        mode="views",
+        image_size=data.image_size,
+        one_pass=True,
+        max_corrupt=data.max_corrupt,
+    )
     if data.root:
         index = read_index(data.root)
         workers = min(cfg.num_workers, len(index.shards(cfg.split)) // env.world_size)
@@ -229,8 +285,17 @@ def _external_stream(cfg, env) -> tuple[ShardStream, int, dict]:
         return stream, index.num_samples(cfg.split), index.meta
     key, shards = split_shards({"shards": data.shards, "val_shards": data.val_shards}, cfg.split)
     shards = list(shards) if isinstance(shards, (list, tuple)) else shards
-    options = StreamOptions(shards_key=key, split=cfg.split, num_workers=cfg.num_workers, image_key=data.image_key,
-                            label_key=data.label_key, image_fit=data.image_fit, cache_dir=data.cache_dir,
-                            shard_index=data.shard_index, io_timeout_s=data.io_timeout_s, **common)
+    options = StreamOptions(
+        shards_key=key,
+        split=cfg.split,
+        num_workers=cfg.num_workers,
+        image_key=data.image_key,
+        label_key=data.label_key,
+        image_fit=data.image_fit,
+        cache_dir=data.cache_dir,
+        shard_index=data.shard_index,
+        io_timeout_s=data.io_timeout_s,
+        **common,
+    )
     stream = ShardStream(shards=shards, options=options)
     return stream, stream.num_samples, {"channels": 3}

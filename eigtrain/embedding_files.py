@@ -82,13 +82,22 @@ def open_chunks(path: str) -> list[PairChunk]:
         raise FileNotFoundError(f"embeddings {path} does not exist")
     if root.is_dir():
         files = sorted(p for p in root.iterdir() if p.is_file())
-        orphans = [p.name for p in files if p.name.endswith("z2.npy")
-                   and not p.with_name(p.name[: -len("z2.npy")] + "z1.npy").exists()]
+        orphans = [
+            p.name
+            for p in files
+            if p.name.endswith("z2.npy") and not p.with_name(p.name[: -len("z2.npy")] + "z1.npy").exists()
+        ]
         if orphans:
             raise EmbeddingFileError(f"{root}: {orphans[0]} has no z1 partner (chunks of .npy come in z1/z2 pairs)")
-        chunks = [_open_safetensors(p) if p.suffix == ".safetensors" else _open_npz(p) if p.suffix == ".npz"
-                  else _open_npy_pair(p) for p in files
-                  if p.suffix in (".safetensors", ".npz") or p.name.endswith("z1.npy")]
+        chunks = [
+            _open_safetensors(p)
+            if p.suffix == ".safetensors"
+            else _open_npz(p)
+            if p.suffix == ".npz"
+            else _open_npy_pair(p)
+            for p in files
+            if p.suffix in (".safetensors", ".npz") or p.name.endswith("z1.npy")
+        ]
         if not chunks:
             raise EmbeddingFileError(f"{root} holds no embedding chunks (*.safetensors, *.npz, or *z1.npy + *z2.npy)")
     elif root.suffix == ".safetensors":
@@ -108,13 +117,17 @@ def _check_shapes(chunks: list[PairChunk], root: Path) -> None:
         if len(s1) != 2 or len(s2) != 2:
             raise EmbeddingFileError(f"{root / chunk.name}: z1 {s1} and z2 {s2} must both be N x d")
         if s1[0] != s2[0]:
-            raise EmbeddingFileError(f"{root / chunk.name}: z1 has {s1[0]} rows but z2 has {s2[0]}; "
-                                     f"rows are positive pairs and must match one to one")
+            raise EmbeddingFileError(
+                f"{root / chunk.name}: z1 has {s1[0]} rows but z2 has {s2[0]}; "
+                f"rows are positive pairs and must match one to one"
+            )
         if widths is None:
             widths = (s1[1], s2[1], chunk.name)
         elif (s1[1], s2[1]) != widths[:2]:
-            raise EmbeddingFileError(f"{root / chunk.name}: widths z1 {s1[1]}, z2 {s2[1]} differ from "
-                                     f"{widths[2]}'s z1 {widths[0]}, z2 {widths[1]}; every chunk must have the same widths")
+            raise EmbeddingFileError(
+                f"{root / chunk.name}: widths z1 {s1[1]}, z2 {s2[1]} differ from "
+                f"{widths[2]}'s z1 {widths[0]}, z2 {widths[1]}; every chunk must have the same widths"
+            )
 
 
 def widths(chunks: list[PairChunk]) -> tuple[int, int]:
@@ -125,7 +138,9 @@ def total_rows(chunks: list[PairChunk]) -> int:
     return sum(c.rows for c in chunks)
 
 
-def iter_blocks(chunks: list[PairChunk], rank: int = 0, world: int = 1, block: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def iter_blocks(
+    chunks: list[PairChunk], rank: int = 0, world: int = 1, block: int = 65536
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """This rank's contiguous share of all rows, `block` rows at a time as float64 arrays (never across a chunk
     boundary).
     A row with NaN or inf is one EmbeddingFileError naming the chunk and the row."""
@@ -141,7 +156,9 @@ def iter_blocks(chunks: list[PairChunk], rank: int = 0, world: int = 1, block: i
                 finite = np.isfinite(z).all(axis=1)
                 if not finite.all():
                     row = s + int(np.argmin(finite))
-                    raise EmbeddingFileError(f"{chunk.name}: row {row} of {key} holds NaN or inf; "
-                                             f"remove or fix that pair before Rayleigh-Ritz")
+                    raise EmbeddingFileError(
+                        f"{chunk.name}: row {row} of {key} holds NaN or inf; "
+                        f"remove or fix that pair before Rayleigh-Ritz"
+                    )
             yield z1, z2
         offset += chunk.rows

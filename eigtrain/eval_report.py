@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .output_dirs import EVAL_ENTRIES, check_output_dir
 
+
 def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> dict[str, Path]:
     """Markdown + CSV table laid out like the paper's appendix tables, a JSON dump, and the PNG plot; `out_dir` must
     be new, empty or an earlier report's (its files are replaced; anything else there is refused)."""
@@ -16,7 +17,11 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     check_output_dir(out, EVAL_ENTRIES, "out")
     out.mkdir(parents=True, exist_ok=True)
     dims, acc = report["dims"], report["accuracy"]
-    probe_note = "linear probe, SGD 50 epochs" if report["probe"] == "sgd" else "closed-form ridge probe (faster, not the paper's SGD probe)"
+    probe_note = (
+        "linear probe, SGD 50 epochs"
+        if report["probe"] == "sgd"
+        else "closed-form ridge probe (faster, not the paper's SGD probe)"
+    )
     lines = [f"### {title or 'Linear probe accuracy (%) by representation size'}", "", f"Probe: {probe_note}.", ""]
     if report.get("data"):
         lines += [f"Data: fitted on {report['data']['train']}; scored on {report['data']['test']}.", ""]
@@ -32,10 +37,19 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
         for k, row in report["ordering"].items():
             lines.append(f"| {k} | {100 * row['top']:.2f} | {100 * row['bottom']:.2f} |")
     if report["knn"]:
-        lines += ["", "kNN accuracy (k=20, cosine, full dimension): " + ", ".join(f"{n}: {100 * v:.2f}" for n, v in report["knn"].items())]
+        lines += [
+            "",
+            "kNN accuracy (k=20, cosine, full dimension): "
+            + ", ".join(f"{n}: {100 * v:.2f}" for n, v in report["knn"].items()),
+        ]
     lines += _retrieval_lines(report)
     lines += _constant_and_spectrum_lines(report)
-    paths = {"markdown": out / "table.md", "csv": out / "table.csv", "json": out / "report.json", "plot": out / "accuracy_vs_dim.png"}
+    paths = {
+        "markdown": out / "table.md",
+        "csv": out / "table.csv",
+        "json": out / "report.json",
+        "plot": out / "accuracy_vs_dim.png",
+    }
     paths["markdown"].write_text("\n".join(lines) + "\n")
     with open(paths["csv"], "w", newline="") as fh:
         writer = csv.writer(fh)
@@ -54,8 +68,12 @@ RR_PAPER = "RR (paper)"  # Rayleigh-Ritz in the paper's convention: the constant
 PREFIX_METHODS = (("rr", "RR"), ("rr_paper", RR_PAPER), ("jn", "JN"), ("pca", "PCA"))
 
 RETRIEVAL_METRICS = (("1nn", "1-NN"), ("recall@1", "R@1"), ("recall@10", "R@10"))
-STORAGE_ROWS = (("fp32", "bytes/vector fp32"), ("fp16", "bytes/vector fp16"), ("int8", "bytes/vector int8"),
-                ("search_us_per_query", "search µs/query"))
+STORAGE_ROWS = (
+    ("fp32", "bytes/vector fp32"),
+    ("fp16", "bytes/vector fp16"),
+    ("int8", "bytes/vector int8"),
+    ("search_us_per_query", "search µs/query"),
+)
 
 
 def _extra_rows(report: dict, acc: dict):
@@ -66,7 +84,13 @@ def _extra_rows(report: dict, acc: dict):
         for metric, label in RETRIEVAL_METRICS:
             yield f"{method} {label}", {k: f"{100 * v[metric]:.2f}" for k, v in row.items()}
     for key, label in STORAGE_ROWS:
-        yield label, {k: (f"{v[key]:.2f}" if isinstance(v[key], float) else v[key]) for k, v in report.get("storage", {}).items()}
+        yield (
+            label,
+            {
+                k: (f"{v[key]:.2f}" if isinstance(v[key], float) else v[key])
+                for k, v in report.get("storage", {}).items()
+            },
+        )
 
 
 def _retrieval_lines(report: dict) -> list[str]:
@@ -74,23 +98,43 @@ def _retrieval_lines(report: dict) -> list[str]:
     header = ["| {} | " + " | ".join(str(k) for k in dims) + " |", "|---|" + "---|" * len(dims)]
     if "retrieval" in report:
         setup = report["retrieval_setup"]
-        lines += ["", "### Retrieval (%) by representation size", "",
-                  f"Exact cosine search ({setup['backend']}). 1-NN: each of the {setup['queries']} validation vectors "
-                  f"against the {setup['database']} training vectors; R@k: among its k nearest other validation "
-                  f"vectors one has its class. RS: mean of {setup['rs_draws']} random subsets.", ""]
+        lines += [
+            "",
+            "### Retrieval (%) by representation size",
+            "",
+            f"Exact cosine search ({setup['backend']}). 1-NN: each of the {setup['queries']} validation vectors "
+            f"against the {setup['database']} training vectors; R@k: among its k nearest other validation "
+            f"vectors one has its class. RS: mean of {setup['rs_draws']} random subsets.",
+            "",
+        ]
         lines += [header[0].format("Method, metric \\ Dims"), header[1]]
         for method, row in report["retrieval"].items():
             for metric, label in RETRIEVAL_METRICS:
-                lines.append(f"| {method} {label} | " + " | ".join(f"{100 * row[k][metric]:.2f}" if k in row else "–" for k in dims) + " |")
-        lines += ["", f"### Storage and search time ({setup['database']} training vectors, exact top-10, "
-                      f"float32, {setup['backend']}; time measured here, best of 3)", ""]
+                lines.append(
+                    f"| {method} {label} | "
+                    + " | ".join(f"{100 * row[k][metric]:.2f}" if k in row else "–" for k in dims)
+                    + " |"
+                )
+        lines += [
+            "",
+            f"### Storage and search time ({setup['database']} training vectors, exact top-10, "
+            f"float32, {setup['backend']}; time measured here, best of 3)",
+            "",
+        ]
         lines += [header[0].format("Per vector \\ Dims"), header[1]]
         for key, label in STORAGE_ROWS:
             cells = [report["storage"][k][key] for k in dims]
-            lines.append(f"| {label} | " + " | ".join(f"{c:.1f}" if isinstance(c, float) else str(c) for c in cells) + " |")
+            lines.append(
+                f"| {label} | " + " | ".join(f"{c:.1f}" if isinstance(c, float) else str(c) for c in cells) + " |"
+            )
     if report.get("smallest_k"):
-        lines += ["", f"### Smallest k within X points of the same method at k = {max(dims)}", "",
-                  "| Method | probe, 1 pt | probe, 5 pt | 1-NN, 1 pt | 1-NN, 5 pt |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"### Smallest k within X points of the same method at k = {max(dims)}",
+            "",
+            "| Method | probe, 1 pt | probe, 5 pt | 1-NN, 1 pt | 1-NN, 5 pt |",
+            "|---|---|---|---|---|",
+        ]
         for method, row in report["smallest_k"].items():
             keys = ("accuracy_within_1pt", "accuracy_within_5pt", "1nn_within_1pt", "1nn_within_5pt")
             lines.append(f"| {method} | " + " | ".join(str(row.get(key) or "–") for key in keys) + " |")
@@ -101,21 +145,34 @@ def _constant_and_spectrum_lines(report: dict) -> list[str]:
     lines = []
     if report.get("constant_share"):
         width = max(len(v) for v in report["constant_share"].values())
-        lines += ["", "### How constant each feature is on the validation split: E[f]² / E[f²] (1 = constant)", "",
-                  "| Method \\ feature | " + " | ".join(str(i + 1) for i in range(width)) + " |", "|---|" + "---|" * width]
+        lines += [
+            "",
+            "### How constant each feature is on the validation split: E[f]² / E[f²] (1 = constant)",
+            "",
+            "| Method \\ feature | " + " | ".join(str(i + 1) for i in range(width)) + " |",
+            "|---|" + "---|" * width,
+        ]
         for method, row in report["constant_share"].items():
             lines.append(f"| {method} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
     if report.get("spectrum"):
         spec = report["spectrum"]
-        lines += ["", "### k suggested by the Rayleigh–Ritz spectrum (beyond the trivial mode) vs k measured by the probe",
-                  "", f"Measured (smallest k within 1 / 5 points of RR at k = {max(report['dims'])}): "
-                  f"{spec['measured']['1pt'] or '–'} / {spec['measured']['5pt'] or '–'}.", "",
-                  "| share of | k | on the evaluated sizes | = measured 1 pt | = measured 5 pt |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "### k suggested by the Rayleigh–Ritz spectrum (beyond the trivial mode) vs k measured by the probe",
+            "",
+            f"Measured (smallest k within 1 / 5 points of RR at k = {max(report['dims'])}): "
+            f"{spec['measured']['1pt'] or '–'} / {spec['measured']['5pt'] or '–'}.",
+            "",
+            "| share of | k | on the evaluated sizes | = measured 1 pt | = measured 5 pt |",
+            "|---|---|---|---|---|",
+        ]
         for key, row in spec["suggested"].items():
             name, share = key.rsplit("_", 1)
             label = f"{100 * float(share):g} % of {'Σλ²' if name == 'sum_sq' else 'Σλ'}"
-            lines.append(f"| {label} | {row['k']} | {row['k_on_grid']} | {'yes' if row['agrees_1pt'] else 'no'} | "
-                         f"{'yes' if row['agrees_5pt'] else 'no'} |")
+            lines.append(
+                f"| {label} | {row['k']} | {row['k_on_grid']} | {'yes' if row['agrees_1pt'] else 'no'} | "
+                f"{'yes' if row['agrees_5pt'] else 'no'} |"
+            )
     return lines
 
 
@@ -156,8 +213,14 @@ def _plot_retrieval(report: dict, path: Path, title: str) -> None:
         for metric, style in (("1nn", "--"), ("recall@1", ":")):
             ret = report["retrieval"].get(method, {})
             ks = [k for k in dims if k in ret]
-            ax.plot(ks, [100 * ret[k][metric] for k in ks], style, marker=".", color=color,
-                    label=f"{method} {dict(RETRIEVAL_METRICS)[metric]}")
+            ax.plot(
+                ks,
+                [100 * ret[k][metric] for k in ks],
+                style,
+                marker=".",
+                color=color,
+                label=f"{method} {dict(RETRIEVAL_METRICS)[metric]}",
+            )
     ax.set_xscale("log", base=2)
     ax.set_xticks(dims, labels=[str(k) for k in dims], minor=False)
     ax.minorticks_off()

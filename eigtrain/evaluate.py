@@ -27,9 +27,16 @@ import torch
 from . import retrieval
 from .dist import resolve_env, select_device
 from .eval_report import PREFIX_METHODS, RR_PAPER, write_report
-from .probes import (constant_shares, dims_for, knn_accuracy, pca_features, probe_accuracy, smallest_k_within,
-                     spectrum_report)
 from .output_dirs import EVAL_ENTRIES, check_output_dir
+from .probes import (
+    constant_shares,
+    dims_for,
+    knn_accuracy,
+    pca_features,
+    probe_accuracy,
+    smallest_k_within,
+    spectrum_report,
+)
 from .redact import redact_url
 
 
@@ -76,7 +83,11 @@ def adaptive_dimension_table(
         results["RS"] = {}
         for k in dims:
             subsets[k] = torch.stack([torch.randperm(d, generator=gen)[:k] for _ in range(random_draws)])
-            results["RS"][k] = acc(train["raw"][:, subsets[k]].permute(1, 0, 2), test["raw"][:, subsets[k]].permute(1, 0, 2)).mean().item()
+            results["RS"][k] = (
+                acc(train["raw"][:, subsets[k]].permute(1, 0, 2), test["raw"][:, subsets[k]].permute(1, 0, 2))
+                .mean()
+                .item()
+            )
     ordering = {}
     if "rr" in train:
         d = train["rr"].shape[1]
@@ -87,23 +98,38 @@ def adaptive_dimension_table(
                     "bottom": acc(train["rr"][:, d - k :], test["rr"][:, d - k :]).item(),
                 }
     knn = {name: knn_accuracy(train[name], train_y, test[name], test_y) for name in train}
-    report = {"dims": dims, "probe": probe, "accuracy": results, "ordering": ordering, "knn": knn,
-              "constant_share": constant_shares(test, prefixes, fixed)}
+    report = {
+        "dims": dims,
+        "probe": probe,
+        "accuracy": results,
+        "ordering": ordering,
+        "knn": knn,
+        "constant_share": constant_shares(test, prefixes, fixed),
+    }
     if retrieval_backend is not None:
-        report.update(retrieval.retrieval_report(train, test, train_y, test_y, dims, prefixes, fixed, subsets,
-                                                  retrieval_draws, retrieval.resolve_backend(retrieval_backend)))
+        report.update(
+            retrieval.retrieval_report(
+                train,
+                test,
+                train_y,
+                test_y,
+                dims,
+                prefixes,
+                fixed,
+                subsets,
+                retrieval_draws,
+                retrieval.resolve_backend(retrieval_backend),
+            )
+        )
     one_nn = {m: {k: v["1nn"] for k, v in r.items()} for m, r in report.get("retrieval", {}).items()}
-    report["smallest_k"] = {m: {**_within(results.get(m), "accuracy"), **_within(one_nn.get(m), "1nn")} for m in results}
+    report["smallest_k"] = {
+        m: {**_within(results.get(m), "accuracy"), **_within(one_nn.get(m), "1nn")} for m in results
+    }
     return report
-
-
 
 
 def _within(row: Mapping[int, float] | None, metric: str) -> dict[str, int | None]:
     return {f"{metric}_within_{x}pt": smallest_k_within(row, x) for x in (1, 5)} if row else {}
-
-
-
 
 
 # -- eigtrain-eval ---------------------------------------------------------------------------------
@@ -170,9 +196,9 @@ def _load_features(path: str):
 
 
 def evaluate(cfg) -> tuple[dict, dict]:
-    from .embed import check_split, command_line_data, embed_split, open_run
     from safetensors import safe_open
 
+    from .embed import check_split, command_line_data, embed_split, open_run
     from .export import load_head
 
     if bool(cfg.run_dir) == bool(cfg.features):
@@ -190,16 +216,20 @@ def evaluate(cfg) -> tuple[dict, dict]:
         # every run's splits are checked before any is embedded: a refusal costs no work
         checked = [{"train": check_split(r, cfg.train_split), "test": check_split(r, cfg.test_split)} for r in runs]
         run, sources = runs[0], checked[0]
-        jn, ffs = (runs[1] if cfg.jn_run_dir else None), runs[1 + bool(cfg.jn_run_dir):]
-        (train_z, train_y), (test_z, test_y) = (embed_split(run, s, device=device) for s in (cfg.train_split, cfg.test_split))
+        jn, ffs = (runs[1] if cfg.jn_run_dir else None), runs[1 + bool(cfg.jn_run_dir) :]
+        (train_z, train_y), (test_z, test_y) = (
+            embed_split(run, s, device=device) for s in (cfg.train_split, cfg.test_split)
+        )
         nested, out = run.cfg.nesting.mode != "none", Path(cfg.out or run.run_dir / "eval")
     train, test = {"raw": train_z}, {"raw": test_z}
     rr_dir = cfg.rr or (Path(cfg.run_dir) / "rr" if cfg.run_dir else None)
     if rr_dir and (Path(rr_dir) / "rr.safetensors").exists():
         head = load_head(rr_dir, dtype=torch.float64)
         if head.transform.shape[0] != train_z.shape[1]:  # e.g. rr= another model's export: say so, not torch's shapes
-            raise ValueError(f"the Rayleigh-Ritz export {rr_dir} was fitted on {head.transform.shape[0]}-dimensional "
-                             f"embeddings; this run's encoder gives {train_z.shape[1]} (rr= must be this run's export)")
+            raise ValueError(
+                f"the Rayleigh-Ritz export {rr_dir} was fitted on {head.transform.shape[0]}-dimensional "
+                f"embeddings; this run's encoder gives {train_z.shape[1]} (rr= must be this run's export)"
+            )
         train["rr"], test["rr"] = head(train_z.double()).float(), head(test_z.double()).float()
         if "paper_transform" in safe_open(str(Path(rr_dir) / "rr.safetensors"), "pt").keys():  # both conventions
             paper = load_head(rr_dir, dtype=torch.float64, convention="paper")
@@ -215,9 +245,20 @@ def evaluate(cfg) -> tuple[dict, dict]:
         fixed[int(ff.cfg.dim)] = tuple(embed_split(ff, s, device=device)[0] for s in (cfg.train_split, cfg.test_split))
     dims = list(cfg.dims) if cfg.dims else dims_for(train_z.shape[1])
     backend = None if cfg.retrieval == "none" else retrieval.resolve_backend(cfg.retrieval)
-    report = adaptive_dimension_table(train, test, train_y, test_y, dims, fixed=fixed, random_draws=cfg.random_draws,
-                                      probe=cfg.probe, seed=cfg.seed, pca=cfg.pca, retrieval_backend=backend,
-                                      retrieval_draws=cfg.retrieval_draws)
+    report = adaptive_dimension_table(
+        train,
+        test,
+        train_y,
+        test_y,
+        dims,
+        fixed=fixed,
+        random_draws=cfg.random_draws,
+        probe=cfg.probe,
+        seed=cfg.seed,
+        pca=cfg.pca,
+        retrieval_backend=backend,
+        retrieval_draws=cfg.retrieval_draws,
+    )
     report["data"] = sources  # which data each split came from (URLs without credentials)
     if "rr" in train:  # the k the export's spectrum suggests, beside the k the probes measured
         report["spectrum"] = spectrum_report(head.eigenvalues, dims, report["smallest_k"].get("RR", {}))

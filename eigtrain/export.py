@@ -69,14 +69,17 @@ def check_export_target(out_dir: str | os.PathLike, overwrite: bool) -> None:
     if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
         return
     if not is_export(out) or out.is_symlink():
-        raise ExportTargetError(f"out={out} exists and is not an eigtrain-rr export: refusing to replace it "
-                                f"(nothing was changed there); choose a new or empty directory")
+        raise ExportTargetError(
+            f"out={out} exists and is not an eigtrain-rr export: refusing to replace it "
+            f"(nothing was changed there); choose a new or empty directory"
+        )
     if not overwrite:
         raise ExportTargetError(f"out={out} already holds an eigtrain-rr export; pass overwrite=true to replace it")
 
 
-def save_export(result: RRResult, out_dir: str | os.PathLike, source: dict, plot: bool = True,
-                overwrite: bool = False) -> Path:
+def save_export(
+    result: RRResult, out_dir: str | os.PathLike, source: dict, plot: bool = True, overwrite: bool = False
+) -> Path:
     """Write the export; `source` describes what was reduced (kind, path, sha256, ...; URLs are redacted). The
     directory appears only when complete: it is written beside its final place and renamed into it. An earlier
     export there is replaced only with `overwrite` (and removed only once the new one is in place); anything
@@ -194,8 +197,9 @@ class OrderedHead(nn.Module):
         return (z.to(t.dtype) - self.mean) @ t
 
 
-def load_head(path: str | os.PathLike, side: str = "left", dtype: torch.dtype = torch.float32,
-              convention: str = "export") -> OrderedHead:
+def load_head(
+    path: str | os.PathLike, side: str = "left", dtype: torch.dtype = torch.float32, convention: str = "export"
+) -> OrderedHead:
     """Load an export directory (or its rr.safetensors) as an OrderedHead; side='right' for svd's a-side.
     convention='paper': the paper's convention stored beside an export that excludes the trivial mode."""
     path = Path(path)

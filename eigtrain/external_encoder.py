@@ -21,8 +21,9 @@ class EncoderSpecError(ValueError):
     """A model that cannot serve as an embedding encoder: names the cause."""
 
 
-def build_external_encoder(spec: str, checkpoint: str | None = None, kwargs: dict | None = None, in_chans: int = 3,
-                           seed: int = 0) -> nn.Module:
+def build_external_encoder(
+    spec: str, checkpoint: str | None = None, kwargs: dict | None = None, in_chans: int = 3, seed: int = 0
+) -> nn.Module:
     """The model named by `spec`, in eval mode, with the checkpoint's weights when one is given. Random
     initialization draws from a generator seeded with `seed`, so every rank builds the same model."""
     with torch.random.fork_rng(devices=[]):  # leaves the caller's RNG as it was
@@ -47,18 +48,25 @@ def _build(spec: str, checkpoint: str | None, kwargs: dict | None, in_chans: int
         try:
             factory = getattr(importlib.import_module(module_name), factory_name)
         except (ImportError, AttributeError) as error:
-            raise EncoderSpecError(f"encoder={spec}: cannot import {factory_name!r} from {module_name!r}: {error}") from None
+            raise EncoderSpecError(
+                f"encoder={spec}: cannot import {factory_name!r} from {module_name!r}: {error}"
+            ) from None
         try:
             model = factory(**kwargs)
         except TypeError as error:
-            raise EncoderSpecError(f"encoder={spec}: the factory does not take encoder.kwargs {kwargs}: {_first_line(error)}") from None
+            raise EncoderSpecError(
+                f"encoder={spec}: the factory does not take encoder.kwargs {kwargs}: {_first_line(error)}"
+            ) from None
         if not isinstance(model, nn.Module):
-            raise EncoderSpecError(f"encoder={spec}: the factory returned {type(model).__name__}, not a torch.nn.Module")
+            raise EncoderSpecError(
+                f"encoder={spec}: the factory returned {type(model).__name__}, not a torch.nn.Module"
+            )
         if checkpoint:
             _load_weights(model, checkpoint, spec, droppable=())
     else:
-        raise EncoderSpecError(f"encoder={spec!r} is not understood; use timm:NAME (e.g. timm:resnet50) or "
-                               f"module:package.module:factory")
+        raise EncoderSpecError(
+            f"encoder={spec!r} is not understood; use timm:NAME (e.g. timm:resnet50) or module:package.module:factory"
+        )
     return model.eval()
 
 
@@ -77,18 +85,27 @@ def _load_weights(model: nn.Module, path: str, spec: str, droppable: tuple[str, 
     state = {k: v for k, v in state.items() if not k.startswith(droppable)}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise EncoderSpecError(f"encoder.checkpoint={path} does not fit encoder={spec}: "
-                               f"{len(missing)} missing key(s) {missing[:3]}, {len(unexpected)} unexpected key(s) {unexpected[:3]}")
+        raise EncoderSpecError(
+            f"encoder.checkpoint={path} does not fit encoder={spec}: "
+            f"{len(missing)} missing key(s) {missing[:3]}, {len(unexpected)} unexpected key(s) {unexpected[:3]}"
+        )
 
 
 def check_embedding(z, spec: str, batch: int) -> torch.Tensor:
     """The model's output as a (batch, d) tensor, or one clear error."""
     if not isinstance(z, torch.Tensor):
-        raise EncoderSpecError(f"encoder={spec} returned {type(z).__name__}; it must return one tensor of shape (batch, d)")
+        raise EncoderSpecError(
+            f"encoder={spec} returned {type(z).__name__}; it must return one tensor of shape (batch, d)"
+        )
     if z.ndim != 2 or z.shape[0] != batch:
-        hint = " (a feature map: add global pooling, e.g. timm's num_classes=0 with global_pool='avg')" if z.ndim == 4 else ""
-        raise EncoderSpecError(f"encoder={spec} returned shape {tuple(z.shape)} for a batch of {batch}; "
-                               f"it must return (batch, d){hint}")
+        hint = (
+            " (a feature map: add global pooling, e.g. timm's num_classes=0 with global_pool='avg')"
+            if z.ndim == 4
+            else ""
+        )
+        raise EncoderSpecError(
+            f"encoder={spec} returned shape {tuple(z.shape)} for a batch of {batch}; it must return (batch, d){hint}"
+        )
     return z
 
 
@@ -98,8 +115,10 @@ def embedding_dim(model: nn.Module, spec: str, input_shape: tuple[int, int, int]
     try:
         z = model(torch.zeros(2, *input_shape, device=device))
     except (RuntimeError, ValueError, TypeError, AssertionError) as error:
-        raise EncoderSpecError(f"encoder={spec} fails on a batch of shape {(2, *input_shape)} (data.view_size / "
-                               f"data.image_size, encoder.kwargs): {_first_line(error)}") from None
+        raise EncoderSpecError(
+            f"encoder={spec} fails on a batch of shape {(2, *input_shape)} (data.view_size / "
+            f"data.image_size, encoder.kwargs): {_first_line(error)}"
+        ) from None
     return check_embedding(z, spec, 2).shape[1]
 
 

@@ -54,7 +54,8 @@ def _import_wandb(mode: str, path: Path):
         import wandb
     except ImportError:
         logging.getLogger(__name__).warning(
-            "logging.wandb.mode=%s but wandb is not installed: logging to %s only", mode, path)
+            "logging.wandb.mode=%s but wandb is not installed: logging to %s only", mode, path
+        )
         return None
     return wandb
 
@@ -62,8 +63,15 @@ def _import_wandb(mode: str, path: Path):
 class MetricsLog:
     """One JSON object per logged step in ``run_dir/metrics.jsonl`` (+ wandb when enabled)."""
 
-    def __init__(self, run_dir: Path, *, wandb_cfg: WandbConfig | Mapping[str, Any], run_id: str, config: Mapping[str, Any],
-                 resume_step: int):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        wandb_cfg: WandbConfig | Mapping[str, Any],
+        run_id: str,
+        config: Mapping[str, Any],
+        resume_step: int,
+    ):
         wandb_cfg = typed(WandbConfig, wandb_cfg)
         self.path = Path(run_dir) / "metrics.jsonl"
         truncate_metrics(self.path, resume_step)
@@ -76,7 +84,12 @@ class MetricsLog:
         if wandb is not None:
             with redacted_argv():  # wandb records the command line and the config: neither with credentials
                 self._wandb = wandb.init(
-                    project=wandb_cfg.project, entity=wandb_cfg.entity, id=run_id, resume="allow", mode=mode, dir=str(run_dir),
+                    project=wandb_cfg.project,
+                    entity=wandb_cfg.entity,
+                    id=run_id,
+                    resume="allow",
+                    mode=mode,
+                    dir=str(run_dir),
                     config=redact_config(config),
                 )
 
@@ -117,11 +130,19 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
 
-            self._bar = RichProgress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.description}"))
+            self._bar = RichProgress(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.description}"),
+            )
             self._task = self._bar.add_task("", total=total_steps, completed=start_step)
             self._bar.start()
 
-    def update(self, step: int, *, loss: float, samples_per_s: float, data_wait: float, eigenvalues: Any = None) -> None:
+    def update(
+        self, step: int, *, loss: float, samples_per_s: float, data_wait: float, eigenvalues: Any = None
+    ) -> None:
         if not self.enabled:
             return
         text = f"loss {loss:.4g} | {samples_per_s:,.0f} samples/s | data wait {100 * data_wait:.0f}% | {_spectrum(eigenvalues)}"
@@ -181,11 +202,28 @@ class Reporter:
             return
         rate, wait = self.throughput.read()
         knn = self.monitor(model) if self.monitor.due(step, last_step) else {}  # kNN accuracy per prefix size
-        self.metrics.log(step, {"loss": result.loss, **result.terms, "lr": lr, "grad_norm": result.grad_norm,
-                                "samples": state.samples, "samples_per_s": rate, "data_wait": wait,
-                                "skipped_steps": state.skipped_steps, "skipped_batches": state.skipped_batches, **knn})
-        self.progress.update(step, loss=float(result.loss), samples_per_s=rate, data_wait=wait,
-                             eigenvalues=result.terms.get("eigenvalues"))
+        self.metrics.log(
+            step,
+            {
+                "loss": result.loss,
+                **result.terms,
+                "lr": lr,
+                "grad_norm": result.grad_norm,
+                "samples": state.samples,
+                "samples_per_s": rate,
+                "data_wait": wait,
+                "skipped_steps": state.skipped_steps,
+                "skipped_batches": state.skipped_batches,
+                **knn,
+            },
+        )
+        self.progress.update(
+            step,
+            loss=float(result.loss),
+            samples_per_s=rate,
+            data_wait=wait,
+            eigenvalues=result.terms.get("eigenvalues"),
+        )
 
     def close(self) -> None:
         for part in (self.metrics, self.progress):
@@ -231,7 +269,10 @@ def run_environment(repo_dir: Path) -> dict[str, Any]:
             versions[lib] = None
     status = git("status", "--porcelain")
     return {
-        "git_sha": git("rev-parse", "HEAD"), "git_dirty": bool(status) if status is not None else None,
-        "python": sys.version.split()[0], "versions": versions, "cuda": torch.version.cuda,
+        "git_sha": git("rev-parse", "HEAD"),
+        "git_dirty": bool(status) if status is not None else None,
+        "python": sys.version.split()[0],
+        "versions": versions,
+        "cuda": torch.version.cuda,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -40,21 +40,49 @@ class MonitorSchedule:
 
 
 class KNNMonitor(MonitorSchedule):
-    def __init__(self, cfg: MonitorConfig | Mapping[str, Any], data: DataConfig | Mapping[str, Any], *, dim: int,
-                 seed: int, device: torch.device, autocast, pairs: bool, cache_dir: Path | None = None):
+    def __init__(
+        self,
+        cfg: MonitorConfig | Mapping[str, Any],
+        data: DataConfig | Mapping[str, Any],
+        *,
+        dim: int,
+        seed: int,
+        device: torch.device,
+        autocast,
+        pairs: bool,
+        cache_dir: Path | None = None,
+    ):
         self.cfg, data = typed(MonitorConfig, cfg), typed(DataConfig, data)
         check_splits(data, (self.cfg.train_split, self.cfg.val_split))
-        self.data, self.dim, self.seed, self.device, self.autocast, self.pairs = data, dim, seed, device, autocast, pairs
+        self.data, self.dim, self.seed, self.device, self.autocast, self.pairs = (
+            data,
+            dim,
+            seed,
+            device,
+            autocast,
+            pairs,
+        )
         self.cache_dir = cache_dir  # sample counts of shards without an index (as the training stream's)
         super().__init__(self.cfg.every)
         mean, std = NORMALIZATION[data.augment]
-        self.normalize = build_augment("none", image_size=data.view_size, mean=tuple(data.mean or mean),
-                                       std=tuple(data.std or std)).to(device)
+        self.normalize = build_augment(
+            "none", image_size=data.view_size, mean=tuple(data.mean or mean), std=tuple(data.std or std)
+        ).to(device)
 
     @torch.no_grad()
     def _embed(self, encoder: nn.Module, split: str, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
-        stream = build_stream(self.data, batch_size=self.cfg.batch_size, rank=0, world_size=1, seed=self.seed,
-                              device=self.device, cache_dir=self.cache_dir, split=split, num_workers=0, one_pass=True)
+        stream = build_stream(
+            self.data,
+            batch_size=self.cfg.batch_size,
+            rank=0,
+            world_size=1,
+            seed=self.seed,
+            device=self.device,
+            cache_dir=self.cache_dir,
+            split=split,
+            num_workers=0,
+            one_pass=True,
+        )
         zs, labels, seen = [], [], 0
         for batch in stream:
             images = batch["x"] if self.pairs else batch["image"]
@@ -89,9 +117,19 @@ def build_monitor(cfg, *, device: torch.device, autocast, scores: bool = True) -
     if not monitor_cfg.every:
         return MonitorSchedule(0)
     if cfg.engine.name == "deepspeed" and cfg.engine.zero_stage == 3:
-        raise ValueError("monitor.every > 0 is not available with engine.zero_stage=3 (rank 0 holds only its "
-                         "partition of the weights); use zero_stage 1 or 2, or evaluate checkpoints afterwards")
+        raise ValueError(
+            "monitor.every > 0 is not available with engine.zero_stage=3 (rank 0 holds only its "
+            "partition of the weights); use zero_stage 1 or 2, or evaluate checkpoints afterwards"
+        )
     if not scores:
         return MonitorSchedule(monitor_cfg.every)
-    return KNNMonitor(monitor_cfg, cfg.data, dim=cfg.dim, seed=cfg.seed, device=device, autocast=autocast,
-                      pairs=cfg.data.mode == "pairs", cache_dir=Path(cfg.run_dir) / "data")
+    return KNNMonitor(
+        monitor_cfg,
+        cfg.data,
+        dim=cfg.dim,
+        seed=cfg.seed,
+        device=device,
+        autocast=autocast,
+        pairs=cfg.data.mode == "pairs",
+        cache_dir=Path(cfg.run_dir) / "data",
+    )

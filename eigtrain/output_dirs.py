@@ -14,10 +14,24 @@ from typing import Iterable
 
 RUN_MARK = ".eigtrain-run"
 # What eigtrain itself puts into a run directory (trainer, launcher, eigtrain-rr/-eval defaults).
-RUN_ENTRIES = frozenset({
-    RUN_MARK, "config.yaml", "model.json", "environment.json", "wandb_id", "metrics.jsonl", "model.safetensors",
-    "model.tmp", "checkpoints", "data", "wandb", "slurm", "rr", "eval",
-})
+RUN_ENTRIES = frozenset(
+    {
+        RUN_MARK,
+        "config.yaml",
+        "model.json",
+        "environment.json",
+        "wandb_id",
+        "metrics.jsonl",
+        "model.safetensors",
+        "model.tmp",
+        "checkpoints",
+        "data",
+        "wandb",
+        "slurm",
+        "rr",
+        "eval",
+    }
+)
 EVAL_ENTRIES = frozenset({"table.md", "table.csv", "report.json", "accuracy_vs_dim.png", "retrieval_vs_dim.png"})
 
 
@@ -46,8 +60,10 @@ def check_output_dir(directory: str | os.PathLike, own: Iterable[str], key: str)
         raise OutputDirError(f"{key}={directory} is a file, not a directory: refusing to replace it")
     foreign = foreign_entries(directory, own)
     if foreign:
-        raise OutputDirError(f"{key}={directory} holds files eigtrain did not write ({_listing(foreign)}): refusing "
-                             f"to write into it (nothing was changed there); choose a new or empty directory")
+        raise OutputDirError(
+            f"{key}={directory} holds files eigtrain did not write ({_listing(foreign)}): refusing "
+            f"to write into it (nothing was changed there); choose a new or empty directory"
+        )
 
 
 def claim_run_dir(run_dir: str | os.PathLike, launcher_folder: str | None = None) -> str:

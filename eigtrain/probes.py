@@ -120,8 +120,6 @@ def knn_accuracy(train_x, train_y, test_x, test_y, k: int = 20, temperature: flo
     return (votes.argmax(1) == test_y.long()).to(F32).mean().item()
 
 
-
-
 def constant_share(features: torch.Tensor) -> list[float]:
     """Per feature, the share of its second moment that is constant across the set: E[f]^2 / E[f^2] (1: a
     constant feature, 0: mean zero)."""
@@ -145,8 +143,9 @@ def spectrum_report(eigenvalues: torch.Tensor, dims: list[int], measured: Mappin
     on_grid = lambda k: min((d for d in dims if d >= k), default=max(dims))  # noqa: E731
     rows = {}
     for key, k in spectral_k_report(eigenvalues).items():
-        rows[key] = {"k": k, "k_on_grid": on_grid(k),
-                     **{f"agrees_{x}pt": on_grid(k) == measured.get(f"accuracy_within_{x}pt") for x in (1, 5)}}
+        rows[key] = {
+            "k": k,
+            "k_on_grid": on_grid(k),
+            **{f"agrees_{x}pt": on_grid(k) == measured.get(f"accuracy_within_{x}pt") for x in (1, 5)},
+        }
     return {"suggested": rows, "measured": {f"{x}pt": measured.get(f"accuracy_within_{x}pt") for x in (1, 5)}}
-
-

@@ -112,7 +112,11 @@ class RRAccumulator:
         flat = torch.cat([t.reshape(-1) for t in shifted])
         dist.all_reduce(flat, group=group)
         d, e = self.dim, self.dim_right
-        self.c_ff, self.c_gg, self.c_fg = flat[: d * d].view(d, d), flat[d * d : d * d + e * e].view(e, e), flat[d * d + e * e :].view(d, e)
+        self.c_ff, self.c_gg, self.c_fg = (
+            flat[: d * d].view(d, d),
+            flat[d * d : d * d + e * e].view(e, e),
+            flat[d * d + e * e :].view(d, e),
+        )
         self.n, self.mean_f, self.mean_g = n, mean_f, mean_g
 
     def state_dict(self) -> dict:
@@ -211,8 +215,9 @@ def constant_readout(raw_gram: torch.Tensor, mean: torch.Tensor, rtol: float, li
     return w, float((1 - mean @ w).clamp_min(0))
 
 
-def _dims_report(gram: torch.Tensor, raw_gram: torch.Tensor, mean: torch.Tensor, exclude: bool, rtol: float,
-                 features: int) -> dict:
+def _dims_report(
+    gram: torch.Tensor, raw_gram: torch.Tensor, mean: torch.Tensor, exclude: bool, rtol: float, features: int
+) -> dict:
     """How the d coordinates were spent: dead (no variance over the data when the constant is excluded, no second
     moment otherwise), constant (1 when live coordinates span the excluded constant), dependent (the rest of
     the rank deficit of the unregularized Gram), features (ordered features exported)."""
@@ -222,12 +227,23 @@ def _dims_report(gram: torch.Tensor, raw_gram: torch.Tensor, mean: torch.Tensor,
     rank = int((evals > rtol * evals[-1]).sum()) if evals[-1] > 0 else 0
     constant = int(exclude and not dead.all() and constant_readout(raw_gram, mean, rtol, ~dead)[1] <= IN_SPAN_TOL)
     d = len(diag)
-    return {"dim": d, "dead": int(dead.sum()), "constant": constant,
-            "dependent": max(0, d - int(dead.sum()) - constant - rank), "features": features}
+    return {
+        "dim": d,
+        "dead": int(dead.sum()),
+        "constant": constant,
+        "dependent": max(0, d - int(dead.sum()) - constant - rank),
+        "features": features,
+    }
 
 
-def solve(acc: RRAccumulator, mode: str = "generalized", center: bool = False, ridge: float = 0.0,
-          rtol: float = 1e-10, trivial: str = "exclude") -> RRResult:
+def solve(
+    acc: RRAccumulator,
+    mode: str = "generalized",
+    center: bool = False,
+    ridge: float = 0.0,
+    rtol: float = 1e-10,
+    trivial: str = "exclude",
+) -> RRResult:
     """Solve the Rayleigh-Ritz problem from accumulated moments (see the module docstring)."""
     if mode not in MODES:
         raise ValueError(f"rr mode={mode!r} is unknown; allowed: {', '.join(MODES)}")
@@ -244,18 +260,32 @@ def solve(acc: RRAccumulator, mode: str = "generalized", center: bool = False, r
     raw_f, raw_g, _, _, _ = acc.second_moments(False)
 
     if mode == "svd":
-        (sf, uf), (sg, ug) = _range(gff, ridge, rtol, "the x-side embedding"), _range(ggg, ridge, rtol, "the a-side embedding")
+        (sf, uf), (sg, ug) = (
+            _range(gff, ridge, rtol, "the x-side embedding"),
+            _range(ggg, ridge, rtol, "the a-side embedding"),
+        )
         wf, wg = uf * sf.rsqrt(), ug * sg.rsqrt()
         u, s, vh = torch.linalg.svd(wf.T @ kfg @ wg)
         k = min(wf.shape[1], wg.shape[1])
         values, transform, right = s[:k], wf @ u[:, :k], wg @ vh[:k].T
         _fix_signs(transform, right)
         result = RRResult(values, transform, mf, mode, acc.n, right, mg)
-        result.dims = {**_dims_report(gff, raw_f, acc.mean_f, exclude, rtol, k),
-                       "right": _dims_report(ggg, raw_g, acc.mean_g, exclude, rtol, k)}
+        result.dims = {
+            **_dims_report(gff, raw_f, acc.mean_f, exclude, rtol, k),
+            "right": _dims_report(ggg, raw_g, acc.mean_g, exclude, rtol, k),
+        }
         if exclude:
-            (w, res), (wr, res_r) = (constant_readout(raw_f, acc.mean_f, rtol), constant_readout(raw_g, acc.mean_g, rtol))
-            result.trivial = {"eigenvalue": 1.0, "transform": w, "residual": res, "right_transform": wr, "right_residual": res_r}
+            (w, res), (wr, res_r) = (
+                constant_readout(raw_f, acc.mean_f, rtol),
+                constant_readout(raw_g, acc.mean_g, rtol),
+            )
+            result.trivial = {
+                "eigenvalue": 1.0,
+                "transform": w,
+                "residual": res,
+                "right_transform": wr,
+                "right_residual": res_r,
+            }
         return result
 
     gram = (gff + ggg) / 2  # both views sample the same marginal
@@ -294,5 +324,8 @@ def spectral_k(eigenvalues: torch.Tensor, share: float, power: int = 1) -> int:
 
 def spectral_k_report(eigenvalues: torch.Tensor) -> dict[str, int]:
     """{"sum_0.9": k, "sum_sq_0.9": k, ...}: spectral_k at each share of sum(lambda) and sum(lambda^2)."""
-    return {f"{name}_{share:g}": spectral_k(eigenvalues, share, power)
-            for share in SPECTRAL_SHARES for name, power in (("sum", 1), ("sum_sq", 2))}
+    return {
+        f"{name}_{share:g}": spectral_k(eigenvalues, share, power)
+        for share in SPECTRAL_SHARES
+        for name, power in (("sum", 1), ("sum_sq", 2))
+    }

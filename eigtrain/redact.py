@@ -25,10 +25,16 @@ _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s'\"@]*(?
 _QUERY_PART = re.compile(r"(?P<sep>[?&;])(?P<key>[^=&;#{},?]*=)?[^&;#{},]*?(?=[&;#{},]|[:.)]*$)")
 _WORD = re.compile(r"[^\s'\"]+")
 # pipe: commands: credentials passed as headers or environment variables
-_HEADER = re.compile(r"(?P<name>\b(?:Authorization|Proxy-Authorization|Cookie|X-[A-Za-z-]*(?:Token|Key|Auth)[A-Za-z-]*)"
-                     r"\s*:\s*)[^'\"\n]+", re.IGNORECASE)
-_SECRET_ASSIGNMENT = re.compile(r"(?P<name>\b[A-Za-z_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIALS?)"
-                                r"[A-Za-z_0-9]*=)[^\s'\"]+", re.IGNORECASE)
+_HEADER = re.compile(
+    r"(?P<name>\b(?:Authorization|Proxy-Authorization|Cookie|X-[A-Za-z-]*(?:Token|Key|Auth)[A-Za-z-]*)"
+    r"\s*:\s*)[^'\"\n]+",
+    re.IGNORECASE,
+)
+_SECRET_ASSIGNMENT = re.compile(
+    r"(?P<name>\b[A-Za-z_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIALS?)"
+    r"[A-Za-z_0-9]*=)[^\s'\"]+",
+    re.IGNORECASE,
+)
 _USER_OPTION = re.compile(r"(?P<name>(?<!\S)(?:-u|--user|--password|--proxy-user)(?:\s+|=))[^\s'\"]+")  # curl/wget
 
 
@@ -80,8 +86,10 @@ def saved_value_usable(value: Any, key: str, config: Any) -> None:
     the credential it needs is not on disk, so the command line has to give the value again."""
     values = value if isinstance(value, (list, tuple)) else [value]
     if any(is_redacted(v) for v in values):
-        raise ValueError(f"{key} in {config} was saved without its credentials ({MASK}): pass {key}=... "
-                         f"(with them) on the command line")
+        raise ValueError(
+            f"{key} in {config} was saved without its credentials ({MASK}): pass {key}=... "
+            f"(with them) on the command line"
+        )
 
 
 class RedactingFilter(logging.Filter):

@@ -28,7 +28,9 @@ def resolve_backend(backend: str = "auto") -> str:
         import faiss  # noqa: F401
     except ImportError:
         if backend == "faiss":
-            raise ValueError("retrieval backend=faiss needs FAISS: pip install faiss-cpu (or eigtrain[faiss])") from None
+            raise ValueError(
+                "retrieval backend=faiss needs FAISS: pip install faiss-cpu (or eigtrain[faiss])"
+            ) from None
         return "torch"
     return "faiss"
 
@@ -37,8 +39,14 @@ def unit_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(x.detach().to(torch.float32), dim=1).contiguous()
 
 
-def search(database: torch.Tensor, queries: torch.Tensor, k: int, backend: str = "torch", exclude_self: bool = False,
-           block_elements: int = 1 << 26) -> torch.Tensor:
+def search(
+    database: torch.Tensor,
+    queries: torch.Tensor,
+    k: int,
+    backend: str = "torch",
+    exclude_self: bool = False,
+    block_elements: int = 1 << 26,
+) -> torch.Tensor:
     """Indices (n_queries, k) of the k most cosine-similar database rows, most similar first. exclude_self:
     queries are the database itself and row i never returns i. torch scores queries in blocks of at most
     `block_elements` similarities (256 MB)."""
@@ -82,8 +90,14 @@ def retrieval_metrics(train_x, train_y, test_x, test_y, ks=(1, 10), backend: str
     return metrics
 
 
-def search_seconds_per_query(database: torch.Tensor, queries: torch.Tensor, k: int = 10, backend: str = "torch",
-                             repeats: int = 3, max_queries: int = 1024) -> float:
+def search_seconds_per_query(
+    database: torch.Tensor,
+    queries: torch.Tensor,
+    k: int = 10,
+    backend: str = "torch",
+    repeats: int = 3,
+    max_queries: int = 1024,
+) -> float:
     """Wall time of one exact top-k search of (at most `max_queries`) queries, float32, per query; the best
     of `repeats`."""
     best, queries = float("inf"), queries[:max_queries]
@@ -117,5 +131,8 @@ def retrieval_report(train, test, train_y, test_y, dims, prefixes, fixed, subset
     timed = next(iter(prefixes.values()), "raw")  # search time depends on k and the sizes, not on the method
     seconds = {k: search_seconds_per_query(train[timed][:, :k], test[timed][:, :k], 10, backend) for k in dims}
     storage = {k: {**bytes_per_vector(k), "search_us_per_query": 1e6 * seconds[k]} for k in dims}
-    return {"retrieval": rows, "storage": storage,
-            "retrieval_setup": {"backend": backend, "database": len(train_y), "queries": len(test_y), "rs_draws": draws}}
+    return {
+        "retrieval": rows,
+        "storage": storage,
+        "retrieval_setup": {"backend": backend, "database": len(train_y), "queries": len(test_y), "rs_draws": draws},
+    }

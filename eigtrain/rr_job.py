@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from . import dist as edist
 from . import embedding_files
 from .cli import compose_dataclass
@@ -86,10 +87,17 @@ class RRJobConfig:
     data: DataConfig = field(default_factory=DataConfig)
 
     def validate(self) -> "RRJobConfig":
-        sources = {"run_dir": self.run_dir, "checkpoint": self.checkpoint, "embeddings": self.embeddings, "encoder": self.encoder.name}
+        sources = {
+            "run_dir": self.run_dir,
+            "checkpoint": self.checkpoint,
+            "embeddings": self.embeddings,
+            "encoder": self.encoder.name,
+        }
         given = [k for k, v in sources.items() if v]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of run_dir=, checkpoint=, embeddings=, encoder= (got {given or 'none'})")
+            raise ValueError(
+                f"give exactly one of run_dir=, checkpoint=, embeddings=, encoder= (got {given or 'none'})"
+            )
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is unknown; allowed: {', '.join(MODES)}")
         if self.trivial not in TRIVIAL:
@@ -99,14 +107,18 @@ class RRJobConfig:
         if (self.embeddings or self.encoder.name) and not self.out:
             raise ValueError(f"{given[0]}= needs out=DIR for the export")
         if self.embeddings and self.split != "train":  # the files are the data: there is no other split to read
-            raise ValueError(f"split={self.split} does not apply to embeddings= (every row of the files is read); "
-                             "give the split's own files instead")
+            raise ValueError(
+                f"split={self.split} does not apply to embeddings= (every row of the files is read); "
+                "give the split's own files instead"
+            )
         if self.encoder.name:
             if bool(self.data.root) == bool(self.data.shards):
                 raise ValueError("encoder= needs exactly one of data.root=DIR (eigtrain shards) or data.shards=PATTERN")
             if self.data.shards and self.data.image_size is None:  # foreign shards say nothing of their size
-                raise ValueError("encoder= with data.shards needs data.image_size (every image is brought to it before "
-                                 "the views are cut; e.g. data.image_size=224)")
+                raise ValueError(
+                    "encoder= with data.shards needs data.image_size (every image is brought to it before "
+                    "the views are cut; e.g. data.image_size=224)"
+                )
             if self.data.augment not in PRESETS:
                 raise ValueError(f"data.augment={self.data.augment!r} is unknown; allowed: {', '.join(PRESETS)}")
             if self.mode == "svd":
@@ -126,7 +138,9 @@ def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, blo
     chunks = embedding_files.open_chunks(path)
     d1, d2 = embedding_files.widths(chunks)
     if not pairs and d1 != d2:
-        raise ValueError(f"{path}: z1 and z2 have widths {d1} and {d2}; one-encoder modes need equal widths, use mode=svd for two encoders")
+        raise ValueError(
+            f"{path}: z1 and z2 have widths {d1} and {d2}; one-encoder modes need equal widths, use mode=svd for two encoders"
+        )
     acc = RRAccumulator(d1, pairs=pairs, dim_right=d2 if pairs else None)
     for z1, z2 in embedding_files.iter_blocks(chunks, rank, world, block):
         acc.update(torch.from_numpy(z1), torch.from_numpy(z2))
@@ -145,8 +159,11 @@ def solve_both_conventions(acc: RRAccumulator, cfg: RRJobConfig):
 def dimensions_line(dims: dict) -> str:
     """One line on how the embedding's dimensions were spent (both sides for svd)."""
     sides = [("", dims)] + ([("a-side: ", dims["right"])] if "right" in dims else [])
-    parts = [f"{p}{d['features']} ordered features from {d['dim']} dimensions ({d['dead']} dead, {d['dependent']} "
-             f"dependent{', 1 spanning the constant' if d['constant'] else ''})" for p, d in sides]
+    parts = [
+        f"{p}{d['features']} ordered features from {d['dim']} dimensions ({d['dead']} dead, {d['dependent']} "
+        f"dependent{', 1 spanning the constant' if d['constant'] else ''})"
+        for p, d in sides
+    ]
     return "eigtrain-rr: " + "; ".join(parts)
 
 
@@ -166,8 +183,11 @@ def run(cfg: RRJobConfig) -> dict:
     if cfg.embeddings:
         acc, expected = reduce_embeddings(cfg.embeddings, pairs, env.rank, env.world_size)
         path = Path(cfg.embeddings)
-        source = {"kind": "embeddings", "path": str(path.resolve()),
-                  "sha256": (files_sha256(path) if path.is_dir() else file_sha256(path)) if env.rank == 0 else None}
+        source = {
+            "kind": "embeddings",
+            "path": str(path.resolve()),
+            "sha256": (files_sha256(path) if path.is_dir() else file_sha256(path)) if env.rank == 0 else None,
+        }
         out = Path(cfg.out)
     elif cfg.encoder.name:
         from .embed import reduce_external
@@ -181,13 +201,24 @@ def run(cfg: RRJobConfig) -> dict:
         out = Path(cfg.out or default_out)
     acc.all_reduce()
     if acc.n != expected:
-        raise RuntimeError(f"Rayleigh-Ritz saw {acc.n} samples but the source holds {expected}: samples were lost or duplicated")
+        raise RuntimeError(
+            f"Rayleigh-Ritz saw {acc.n} samples but the source holds {expected}: samples were lost or duplicated"
+        )
     result = solve_both_conventions(acc, cfg)
-    summary = {"out": str(out), "n": acc.n, "mode": cfg.mode, "eigenvalues": [round(float(v), 6) for v in result.eigenvalues[:16]],
-               **rr_manifest(result)}
+    summary = {
+        "out": str(out),
+        "n": acc.n,
+        "mode": cfg.mode,
+        "eigenvalues": [round(float(v), 6) for v in result.eigenvalues[:16]],
+        **rr_manifest(result),
+    }
     if env.rank == 0:
-        save_export(result, out, {**source, "split": cfg.split if not cfg.embeddings else None, "center": cfg.center},
-                    overwrite=cfg.overwrite)  # atomic
+        save_export(
+            result,
+            out,
+            {**source, "split": cfg.split if not cfg.embeddings else None, "center": cfg.center},
+            overwrite=cfg.overwrite,
+        )  # atomic
         print(json.dumps(summary, indent=1))
         print(dimensions_line(result.dims))
     edist.barrier()

@@ -32,8 +32,10 @@ def stand_in(batch: dict, n: int) -> dict:
             out[name] = torch.tensor(batch["image"].shape[-2:], dtype=value.dtype).repeat(n, 1)
         else:
             if 0 in value.shape[1:]:
-                raise RuntimeError(f"a batch without a usable sample has no known {name!r} shape to stand in "
-                                   f"for it; set data.image_size")
+                raise RuntimeError(
+                    f"a batch without a usable sample has no known {name!r} shape to stand in "
+                    f"for it; set data.image_size"
+                )
             out[name] = torch.zeros((n, *value.shape[1:]), dtype=value.dtype)
     return out
 

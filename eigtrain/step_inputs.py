@@ -16,8 +16,17 @@ class StepInputs:
     fewer than 2 samples per micro-batch by dropped corrupt samples is unusable: a stand-in of that size keeps this
     rank in step with the others, and every rank skips the update (`eigtrain.skipped_batches`)."""
 
-    def __init__(self, augment: Any, generator: torch.Generator, device: torch.device, *, pairs: bool, accum: int,
-                 split_batch: bool, channels_last: bool):
+    def __init__(
+        self,
+        augment: Any,
+        generator: torch.Generator,
+        device: torch.device,
+        *,
+        pairs: bool,
+        accum: int,
+        split_batch: bool,
+        channels_last: bool,
+    ):
         self.augment, self.generator, self.device, self.pairs = augment, generator, device, pairs
         self.accum, self.channels_last = accum, channels_last
         self.keep_multiple = accum * (2 if split_batch else 1)  # split-batch (even/odd) estimators: even sizes

@@ -23,7 +23,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from eigtrain import checkpoint as ckpt
 from eigtrain import dist
-from eigtrain.schema import ConfigError, validate
 from eigtrain.data import CorruptDataError, build_augment
 from eigtrain.data import from_config as data_setup
 from eigtrain.engine import build_engine, lr_at
@@ -32,8 +31,9 @@ from eigtrain.metrics_log import MetricsLog, Progress, Reporter, stable_run_id, 
 from eigtrain.models import build_encoder, use_sync_batch_norm
 from eigtrain.monitor import build_monitor
 from eigtrain.objectives import build_objective
-from eigtrain.redact import redact_config, redact_logs, redact_url, redact_yaml_file
 from eigtrain.output_dirs import claim_run_dir
+from eigtrain.redact import redact_config, redact_logs, redact_url, redact_yaml_file
+from eigtrain.schema import ConfigError, validate
 from eigtrain.step_inputs import StepInputs
 from eigtrain.train_state import NonFiniteError, RankState, TrainState
 
@@ -79,9 +79,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     env = dist.resolve_env()
     micro_batch, accum = validate(cfg, env.world_size)  # before any expensive work
     nest, coefficients = cfg.nesting, {k: v for k, v in cfg.objective.items() if k != "name"}
-    objective = build_objective(cfg.objective.name, cfg.dim, nesting=nest.mode, prefixes=nest.prefixes,
-                                weights=nest.weights, pairs=cfg.data.mode == "pairs",
-                                local_batch=micro_batch * accum, **coefficients)  # what one call sees per rank
+    objective = build_objective(
+        cfg.objective.name,
+        cfg.dim,
+        nesting=nest.mode,
+        prefixes=nest.prefixes,
+        weights=nest.weights,
+        pairs=cfg.data.mode == "pairs",
+        local_batch=micro_batch * accum,
+        **coefficients,
+    )  # what one call sees per rank
     threads, had_group = torch.get_num_threads(), torch.distributed.is_initialized()
     torch.set_num_threads(cfg.cpu_threads or threads)
     device = dist.select_device(env, cfg.device)  # the one place that binds this rank's GPU
@@ -91,7 +98,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     # Only the multi-process group made here is destroyed at the end; the one-process group the DeepSpeed
     # engine makes for itself stays (DeepSpeed caches its groups for the life of the process).
     owns_group = torch.distributed.is_initialized() and not had_group
-    logging.basicConfig(level=logging.INFO if env.rank == 0 else logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if env.rank == 0 else logging.WARNING, format="%(asctime)s %(name)s: %(message)s"
+    )
     redact_logs()  # a shard URL in a log line loses its credentials (Slurm writes these lines into the run dir)
     try:
         return _train(cfg, env, device, objective.to(device), micro_batch, accum)
@@ -116,8 +125,9 @@ class Trainer:
     model_info: dict[str, Any]
 
 
-def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, micro_batch: int, accum: int
-           ) -> dict[str, Any]:
+def _train(
+    cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, micro_batch: int, accum: int
+) -> dict[str, Any]:
     """The training loop: each step a batch, an update and the counters; each component says whether the step is its
     turn (the reporter to log, the checkpointer to save or stop), alike on every rank."""
     t = _setup(cfg, env, device, objective, micro_batch, accum)
@@ -142,15 +152,20 @@ def _train(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
             ckpt.export_model(Path(cfg.run_dir) / ckpt.EXPORT_NAME, final_weights, {"step": state.step, **t.model_info})
     finally:
         report.close()
-    return {"step": state.step, "loss": float(result.loss) if result is not None else None,
-            "run_dir": str(Path(cfg.run_dir)),
-            "checkpoint": str(checkpoints.last_saved) if checkpoints.last_saved else None,
-            "skipped_steps": state.skipped_steps, "skipped_batches": state.skipped_batches,
-            "stopped_on_signal": checkpoints.stop_requested}
+    return {
+        "step": state.step,
+        "loss": float(result.loss) if result is not None else None,
+        "run_dir": str(Path(cfg.run_dir)),
+        "checkpoint": str(checkpoints.last_saved) if checkpoints.last_saved else None,
+        "skipped_steps": state.skipped_steps,
+        "skipped_batches": state.skipped_batches,
+        "stopped_on_signal": checkpoints.stop_requested,
+    }
 
 
-def _setup(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, micro_batch: int, accum: int
-           ) -> Trainer:
+def _setup(
+    cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, micro_batch: int, accum: int
+) -> Trainer:
     """Claim the run directory, prepare the data, build the model, engine, stream and augmentation; `_resume`."""
     rank, world, rank0, data = env.rank, env.world_size, env.rank == 0, cfg.data
     run_dir = Path(cfg.run_dir)
@@ -162,32 +177,67 @@ def _setup(cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, 
     ckpt.seed_all(cfg.seed)  # the same initial weights on every rank
     model = build_encoder(cfg.model, cfg.dim, x_shape, a_shape)
     model = use_sync_batch_norm(model, cfg.model.sync_batch_norm, world, device)  # GPU jobs: on by default for ResNets
-    engine = build_engine(cfg.engine, cfg.optim, model, device=device, micro_batch_size=micro_batch,
-                          grad_accum_steps=accum)
-    stream = data_setup.build_stream(data, batch_size=cfg.batch_size // world, rank=rank, world_size=world,
-                                     seed=cfg.seed, device=device, cache_dir=run_dir / "data")
+    engine = build_engine(
+        cfg.engine, cfg.optim, model, device=device, micro_batch_size=micro_batch, grad_accum_steps=accum
+    )
+    stream = data_setup.build_stream(
+        data,
+        batch_size=cfg.batch_size // world,
+        rank=rank,
+        world_size=world,
+        seed=cfg.seed,
+        device=device,
+        cache_dir=run_dir / "data",
+    )
     mean, std = (tuple(v) if v else None for v in (data.mean, data.std))
     augment = build_augment(data.augment, image_size=data.view_size, mean=mean, std=std).to(device)
     generator = torch.Generator(device=device)
     generator.manual_seed(ckpt.seed_all(cfg.seed, rank, 1))  # per-rank randomness from here on
-    log.info("%d rank(s) on %s; per-rank micro-batch %d x %d accumulation; %.2fM parameters", world, device,
-             micro_batch, accum, sum(p.numel() for p in model.parameters()) / 1e6)
+    log.info(
+        "%d rank(s) on %s; per-rank micro-batch %d x %d accumulation; %.2fM parameters",
+        world,
+        device,
+        micro_batch,
+        accum,
+        sum(p.numel() for p in model.parameters()) / 1e6,
+    )
     if rank0 and (caveat := accumulation_caveat(model, accum)):
         log.warning(caveat)  # once, at start: the README's "what accumulation makes exact"
     pairs = data.mode == "pairs"
-    inputs = StepInputs(augment, generator, device, pairs=pairs, accum=accum, split_batch=objective.split_batch,
-                        channels_last=engine.channels_last)
+    inputs = StepInputs(
+        augment,
+        generator,
+        device,
+        pairs=pairs,
+        accum=accum,
+        split_batch=objective.split_batch,
+        channels_last=engine.channels_last,
+    )
     model_info = {"dim": cfg.dim, "input_shape": list(x_shape), "context_shape": list(a_shape) if a_shape else None}
     return _resume(cfg, env, device, engine, make_loss_fn(engine, objective, pairs), inputs, stream, model_info)
 
 
-def _resume(cfg: DictConfig, env: dist.DistEnv, device: torch.device, engine, loss_fn: LossFn, inputs: StepInputs,
-            stream, model_info: dict[str, Any]) -> Trainer:
+def _resume(
+    cfg: DictConfig,
+    env: dist.DistEnv,
+    device: torch.device,
+    engine,
+    loss_fn: LossFn,
+    inputs: StepInputs,
+    stream,
+    model_info: dict[str, Any],
+) -> Trainer:
     """Resume from the newest complete checkpoint, if any; then rank 0 writes the run records and opens the logs."""
     rank0, run_dir = env.rank == 0, Path(cfg.run_dir)
-    checkpoints = ckpt.Checkpointer(run_dir / "checkpoints", engine, keep_last=cfg.keep_last, rank=env.rank,
-                                    world_size=env.world_size, every=cfg.checkpoint_every,
-                                    signal_check_every=cfg.signal_check_every)
+    checkpoints = ckpt.Checkpointer(
+        run_dir / "checkpoints",
+        engine,
+        keep_last=cfg.keep_last,
+        rank=env.rank,
+        world_size=env.world_size,
+        every=cfg.checkpoint_every,
+        signal_check_every=cfg.signal_check_every,
+    )
     state = TrainState(device, batch_size=cfg.batch_size, max_nonfinite_steps=cfg.max_nonfinite_steps)
     rank_state = RankState(stream, inputs.generator)
     latest, trainer_state, saved_rank_state = checkpoints.resume()
@@ -200,8 +250,13 @@ def _resume(cfg: DictConfig, env: dist.DistEnv, device: torch.device, engine, lo
         run_dir.mkdir(parents=True, exist_ok=True)
         state.wandb_id = stable_run_id(run_dir, state.wandb_id)
         write_run_records(run_dir, OmegaConf.to_yaml(redact_config(cfg)), model_info, Path(__file__).resolve().parent)
-        metrics = MetricsLog(run_dir, wandb_cfg=cfg.logging.wandb, run_id=state.wandb_id,
-                             config=OmegaConf.to_container(cfg, resolve=True), resume_step=state.step)
+        metrics = MetricsLog(
+            run_dir,
+            wandb_cfg=cfg.logging.wandb,
+            run_id=state.wandb_id,
+            config=OmegaConf.to_container(cfg, resolve=True),
+            resume_step=state.step,
+        )
         progress = Progress(cfg.steps, state.step, enabled=cfg.logging.progress)
     monitor = build_monitor(cfg, device=device, autocast=engine.autocast, scores=rank0)  # kNN scores on rank 0
     report = Reporter(cfg.log_every, monitor, metrics, progress)
@@ -226,7 +281,6 @@ def _check_point(overrides: list[str], config_name: str | None) -> None:
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
-
     from torch.distributed.checkpoint.api import CheckpointException
 
     from eigtrain.data import ShardError
@@ -255,8 +309,10 @@ def _hydra_main(cfg: DictConfig) -> None:
     except CheckpointException as exn:  # torch.distributed.checkpoint's, one per failed rank; a full disk among them
         errors = {f"{type(e).__name__}: {str(e).splitlines()[0]}" for e, _ in exn.failures.values()}
         free = shutil.disk_usage(cfg.run_dir).free
-        raise SystemExit(f"eigtrain-train: cannot write a checkpoint in {cfg.run_dir} ({free} bytes free there): "
-                         f"{'; '.join(sorted(errors))}") from None
+        raise SystemExit(
+            f"eigtrain-train: cannot write a checkpoint in {cfg.run_dir} ({free} bytes free there): "
+            f"{'; '.join(sorted(errors))}"
+        ) from None
 
 
 def main() -> None:

@@ -33,8 +33,13 @@ class TrainState:
         self._unusable_steps: list[int] = []  # this rank's steps on a stand-in batch since the last read
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "samples": self.samples, "skipped_steps": self.skipped_steps,
-                "skipped_batches": self.skipped_batches, "wandb_id": self.wandb_id}
+        return {
+            "step": self.step,
+            "samples": self.samples,
+            "skipped_steps": self.skipped_steps,
+            "skipped_batches": self.skipped_batches,
+            "wandb_id": self.wandb_id,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """A checkpoint's ``trainer.json``; a key it lacks (an older checkpoint's) keeps its start value."""
@@ -62,19 +67,28 @@ class TrainState:
         self._unusable_steps.clear()
         if unusable:
             self.skipped_batches += unusable
-            log.warning("step %d: %d step(s) skipped since the last check for a batch without enough usable samples "
-                        "on some rank (%d so far; data.max_corrupt bounds the unusable samples)", self.step, unusable,
-                        self.skipped_batches)
+            log.warning(
+                "step %d: %d step(s) skipped since the last check for a batch without enough usable samples "
+                "on some rank (%d so far; data.max_corrupt bounds the unusable samples)",
+                self.step,
+                unusable,
+                self.skipped_batches,
+            )
         if skips == unusable:
             return
         self.skipped_steps += skips - unusable
-        log.warning("step %d: non-finite loss or gradient, %d update(s) skipped since the last check (%d so far)",
-                    self.step, skips - unusable, self.skipped_steps)
+        log.warning(
+            "step %d: non-finite loss or gradient, %d update(s) skipped since the last check (%d so far)",
+            self.step,
+            skips - unusable,
+            self.skipped_steps,
+        )
         if self.skipped_steps > self.max_nonfinite_steps:
             raise NonFiniteError(
                 f"{self.skipped_steps} steps had a non-finite loss or gradient, more than "
                 f"max_nonfinite_steps={self.max_nonfinite_steps}; stopped at step {self.step}; last good checkpoint: "
-                f"{last_checkpoint}")
+                f"{last_checkpoint}"
+            )
 
 
 class RankState:

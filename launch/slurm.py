@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable, Mapping
 
 import submitit
+from eigtrain.launch.slurm_capacity import check_fits, never_starts
+from eigtrain.launch.slurm_report import JobFailedError, failed_tasks, failure_report, job_ending, job_fields
 from submitit.core.job_environment import JobEnvironment
 
 from eigtrain import dist
-from eigtrain.launch.slurm_capacity import check_fits, never_starts
-from eigtrain.launch.slurm_report import JobFailedError, failed_tasks, failure_report, job_ending, job_fields
 from eigtrain.schema import SlurmLauncherConfig
 
 # Every key and its default: eigtrain.schema.SlurmLauncherConfig (configs/launcher/slurm.yaml documents them).
@@ -63,13 +63,23 @@ def _config(cfg: Mapping) -> dict:
     if not isinstance(out["tasks_per_node"], int) or out["tasks_per_node"] < 1:
         raise ValueError(f"launcher.tasks_per_node must be an integer >= 1, got {out['tasks_per_node']!r}")
     if out["gpus_per_node"] and out["tasks_per_node"] > out["gpus_per_node"]:
-        raise ValueError(f"launcher.tasks_per_node={out['tasks_per_node']} exceeds "
-                         f"launcher.gpus_per_node={out['gpus_per_node']}: one task per GPU")
+        raise ValueError(
+            f"launcher.tasks_per_node={out['tasks_per_node']} exceeds "
+            f"launcher.gpus_per_node={out['gpus_per_node']}: one task per GPU"
+        )
     return out
 
 
-_INHERITED_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                          "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+_INHERITED_LAUNCH_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 def world_size(cfg: Mapping) -> int:
@@ -83,8 +93,7 @@ def make_executor(cfg: Mapping) -> submitit.AutoExecutor:
     c = _config(cfg)
     if shutil.which("sbatch") is None:
         raise RuntimeError("launcher=slurm but `sbatch` is not on PATH: submit from a Slurm login node")
-    executor = submitit.AutoExecutor(folder=c["folder"], cluster="slurm",
-                                     slurm_max_num_timeout=c["max_requeues"])
+    executor = submitit.AutoExecutor(folder=c["folder"], cluster="slurm", slurm_max_num_timeout=c["max_requeues"])
     additional = dict(c["additional_parameters"])
     if c["max_requeues"] > 0:
         additional.setdefault("requeue", True)  # even where the site's JobRequeue=0
@@ -150,8 +159,11 @@ class RequeueableCall(submitit.helpers.Checkpointable):
     def checkpoint(self, *args, **kwargs):
         """Called by submitit on rank 0 on USR2 (without save_on_signal): resubmit the same call."""
         if restart_count() >= self.max_requeues:
-            print(f"not requeuing: already requeued {restart_count()} times (launcher.max_requeues)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"not requeuing: already requeued {restart_count()} times (launcher.max_requeues)",
+                file=sys.stderr,
+                flush=True,
+            )
             return None  # submitit then ends the job as not completed
         return super().checkpoint(*args, **kwargs)
 
@@ -162,8 +174,10 @@ class RequeueableCall(submitit.helpers.Checkpointable):
             print(f"saved{where} on SIGTERM; the job comes back only if Slurm requeues it", file=sys.stderr, flush=True)
             sys.exit(-1)
         if restart_count() >= self.max_requeues:  # the same answer on every rank: all of them end
-            raise RuntimeError(f"stopped on signal and saved, but not requeued: already requeued "
-                               f"{restart_count()} times (launcher.max_requeues={self.max_requeues})")
+            raise RuntimeError(
+                f"stopped on signal and saved, but not requeued: already requeued "
+                f"{restart_count()} times (launcher.max_requeues={self.max_requeues})"
+            )
         env = JobEnvironment()
         if env.global_rank != 0:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # die at once when the requeue stops us
@@ -199,16 +213,30 @@ def submit(cfg: Mapping, fn: Callable, *args, **kwargs) -> submitit.Job:
     executor = make_executor(c)
     check_fits(c)  # a request no node of the partition can hold would stay PENDING for ever
     job = executor.submit(RequeueableCall(fn, c["max_requeues"], c["save_on_signal"]), *args, **kwargs)
-    print(f"submitted Slurm job {job.job_id} ({c['nodes']} node(s) x {c['tasks_per_node']} task(s))\n"
-          f"  stdout: {job.paths.stdout}\n  stderr: {job.paths.stderr}\n  folder: {job.paths.folder}",
-          flush=True)
+    print(
+        f"submitted Slurm job {job.job_id} ({c['nodes']} node(s) x {c['tasks_per_node']} task(s))\n"
+        f"  stdout: {job.paths.stdout}\n  stderr: {job.paths.stderr}\n  folder: {job.paths.folder}",
+        flush=True,
+    )
     if c["wait"]:
         wait(job)
     return job
 
 
-_RUNNING_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED",
-                   "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "PREEMPTED", "SIGNALING", "STAGE_OUT"}
+_RUNNING_STATES = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "RESIZING",
+    "SUSPENDED",
+    "PREEMPTED",
+    "SIGNALING",
+    "STAGE_OUT",
+}
 
 
 def slurm_state(job_id: str) -> str | None:
@@ -229,8 +257,9 @@ def wait(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 2.0)
         state = fields.get("JobState")
         if (never := never_starts(fields)) is not None:
             subprocess.run(["scancel", str(job.job_id)], capture_output=True, timeout=60)
-            raise JobFailedError(f"Slurm job {job.job_id} can never start ({never}); cancelled it. "
-                                 f"logs: {job.paths.folder}")
+            raise JobFailedError(
+                f"Slurm job {job.job_id} can never start ({never}); cancelled it. logs: {job.paths.folder}"
+            )
         if state in _RUNNING_STATES:
             ended_at = None
         elif failed_tasks(job):  # ended, and the ranks killed after the failure left no result
@@ -238,11 +267,13 @@ def wait(job: submitit.Job, timeout_s: float | None = None, poll_s: float = 2.0)
         elif ended_at is None:
             ended_at = time.monotonic()  # give a shared filesystem a moment to show the result files
         elif time.monotonic() - ended_at > 10:
-            raise JobFailedError(failure_report(job, f"ended ({job_ending(job.job_id)}) "
-                                                    "without a result from every task"))
+            raise JobFailedError(
+                failure_report(job, f"ended ({job_ending(job.job_id)}) without a result from every task")
+            )
         if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"Slurm job {job.job_id} still {state} after {timeout_s:.0f} s; "
-                               f"logs: {job.paths.folder}")
+            raise TimeoutError(
+                f"Slurm job {job.job_id} still {state} after {timeout_s:.0f} s; logs: {job.paths.folder}"
+            )
         time.sleep(poll_s)
     if failed_tasks(job):
         raise JobFailedError(failure_report(job, "failed"))

@@ -50,10 +50,15 @@ def partition_nodes(partition: str | None) -> tuple[str, list[Node]] | None:
         if partition is None:
             return None  # no default partition: sbatch itself says so
     if partition not in names:
-        raise ConfigError(f"launcher.partition={partition!r} is not a partition of this cluster; "
-                         f"partitions: {', '.join(sorted(names))}")
-    nodes = [Node(n, int(c), int(re.sub(r"\D.*", "", m) or 0), _gpus(g), s)
-             for n, p, c, m, g, s in rows if p.rstrip("*") == partition]
+        raise ConfigError(
+            f"launcher.partition={partition!r} is not a partition of this cluster; "
+            f"partitions: {', '.join(sorted(names))}"
+        )
+    nodes = [
+        Node(n, int(c), int(re.sub(r"\D.*", "", m) or 0), _gpus(g), s)
+        for n, p, c, m, g, s in rows
+        if p.rstrip("*") == partition
+    ]
     return partition, nodes
 
 
@@ -71,7 +76,7 @@ def size_mb(value, unit_gb: bool = True) -> int | None:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*", value.upper())
     if not match:
         return None
-    scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 ** 2}[match.group(2)]
+    scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2}[match.group(2)]
     return int(float(match.group(1)) * scale)
 
 
@@ -83,22 +88,37 @@ def check_fits(c: dict) -> None:
         return
     partition, nodes = found
     cpus = c["tasks_per_node"] * (c["cpus_per_task"] or 1)
-    memory = size_mb(c["mem"]) if c["mem"] is not None else (
-        None if size_mb(c["mem_per_cpu"]) is None else size_mb(c["mem_per_cpu"]) * cpus)
-    ask = (f"{c['tasks_per_node']} task(s) x {c['cpus_per_task'] or 1} CPU(s) = {cpus} CPUs"
-           + (f", {memory} MB" if memory else "") + (f", {c['gpus_per_node']} GPU(s)" if c["gpus_per_node"] else ""))
-    fitting = [n for n in nodes if n.cpus >= cpus and (not memory or not n.memory_mb or n.memory_mb >= memory)
-               and n.gpus >= c["gpus_per_node"]]
+    memory = (
+        size_mb(c["mem"])
+        if c["mem"] is not None
+        else (None if size_mb(c["mem_per_cpu"]) is None else size_mb(c["mem_per_cpu"]) * cpus)
+    )
+    ask = (
+        f"{c['tasks_per_node']} task(s) x {c['cpus_per_task'] or 1} CPU(s) = {cpus} CPUs"
+        + (f", {memory} MB" if memory else "")
+        + (f", {c['gpus_per_node']} GPU(s)" if c["gpus_per_node"] else "")
+    )
+    fitting = [
+        n
+        for n in nodes
+        if n.cpus >= cpus and (not memory or not n.memory_mb or n.memory_mb >= memory) and n.gpus >= c["gpus_per_node"]
+    ]
     if len(fitting) >= c["nodes"]:
         return
     best = max(nodes, key=lambda n: (n.cpus, n.memory_mb, n.gpus), default=None)
-    has = "no nodes" if best is None else (
-        f"{len(fitting)} node(s) that can hold it (the largest has {best.cpus} CPUs, {best.memory_mb} MB, "
-        f"{best.gpus} GPU(s))")
+    has = (
+        "no nodes"
+        if best is None
+        else (
+            f"{len(fitting)} node(s) that can hold it (the largest has {best.cpus} CPUs, {best.memory_mb} MB, "
+            f"{best.gpus} GPU(s))"
+        )
+    )
     raise ConfigError(
         f"this Slurm job could never start: it asks {c['nodes']} node(s) of {ask} each, and partition {partition!r} "
         f"has {has}; lower launcher.tasks_per_node, launcher.cpus_per_task (default data.num_workers + 1), "
-        f"launcher.mem / mem_per_cpu or launcher.nodes, or pick another launcher.partition")
+        f"launcher.mem / mem_per_cpu or launcher.nodes, or pick another launcher.partition"
+    )
 
 
 def never_starts(fields: dict[str, str]) -> str | None:
@@ -121,8 +141,9 @@ def _unavailable(node_list: str) -> str | None:
     """'node1 down, node2 drain' when every node of the Slurm node list is down, drained or failed."""
     if not node_list or shutil.which("sinfo") is None:
         return None
-    out = subprocess.run(["sinfo", "-h", "-N", "-n", node_list, "-o", "%N|%t"], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-n", node_list, "-o", "%N|%t"], capture_output=True, text=True, timeout=60
+    )
     states = dict(line.split("|", 1) for line in out.stdout.split() if "|" in line)
     if not states or not all(s.startswith(UNAVAILABLE_STATES) for s in states.values()):
         return None

@@ -54,6 +54,7 @@ _SRUN_TASK_END = re.compile(r"srun: error: \S+: tasks? ([\d,\-]+): (.+)")
 def _how_task_ended(job: submitit.Job, task: int) -> str:
     """srun's last word on this task in the batch log (e.g. 'Killed', 'Exited with exit code 1'),
     else the task log's last line. The logs are appended across requeues, so the last line is the latest run."""
+
     def lines(path: Path) -> list[str]:
         try:
             return [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]

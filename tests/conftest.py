@@ -32,7 +32,12 @@ def foreign_shards(tmp_path_factory):
     with wds.ShardWriter(str(root / "part-%06d.tar"), maxcount=120, verbose=0) as sink:
         for i in range(FOREIGN_SAMPLES):
             gray = np.kron((images[i].reshape(8, 8) * 16).clip(0, 255), np.ones((2, 2)))[..., None]
-            sink.write({"__key__": f"img{i:05d}", "jpg": (gray * rng.uniform(0.6, 1.0, 3)).astype(np.uint8),
-                        "cls": int(labels[i])})
+            sink.write(
+                {
+                    "__key__": f"img{i:05d}",
+                    "jpg": (gray * rng.uniform(0.6, 1.0, 3)).astype(np.uint8),
+                    "cls": int(labels[i]),
+                }
+            )
     assert sorted(os.listdir(root)) == [f"part-{i:06d}.tar" for i in range(4)]
     return str(root / "part-{000000..000003}.tar")

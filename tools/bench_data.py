@@ -58,8 +58,11 @@ def torchvision_views(preset: str, size: int, pil_input: bool = False, interpola
     for r in PRESETS[preset]:
         steps = []
         if r.crop_scale is not None:
-            steps.append(v2.RandomResizedCrop(size, scale=r.crop_scale, ratio=r.crop_ratio, interpolation=interpolation,
-                                                  antialias=True))
+            steps.append(
+                v2.RandomResizedCrop(
+                    size, scale=r.crop_scale, ratio=r.crop_ratio, interpolation=interpolation, antialias=True
+                )
+            )
         if r.flip_p:
             steps.append(v2.RandomHorizontalFlip(r.flip_p))
         if r.jitter is not None:
@@ -71,7 +74,11 @@ def torchvision_views(preset: str, size: int, pil_input: bool = False, interpola
             steps.append(v2.RandomApply([v2.GaussianBlur(2 * radius + 1, r.blur_sigma)], p=r.blur_p))
         if r.solarize_p:
             steps.append(v2.RandomSolarize(128, p=r.solarize_p))
-        steps += [*([v2.ToImage()] if pil_input else []), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+        steps += [
+            *([v2.ToImage()] if pil_input else []),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean, std),
+        ]
         composes.append(v2.Compose(steps))
     return composes
 
@@ -100,8 +107,13 @@ def run_stream(root, args, augment) -> float:
 
 def run_torchvision(root, args) -> float:
     urls = [str(p) for p in sorted(Path(root).glob("train-*.tar"))]
-    dataset = wds.DataPipeline(wds.SimpleShardList(urls), wds.split_by_worker, wds.tarfile_to_samples(),
-                               wds.map(PerImageViews(args.preset, args.size)), wds.batched(args.batch))
+    dataset = wds.DataPipeline(
+        wds.SimpleShardList(urls),
+        wds.split_by_worker,
+        wds.tarfile_to_samples(),
+        wds.map(PerImageViews(args.preset, args.size)),
+        wds.batched(args.batch),
+    )
     it = iter(DataLoader(dataset, batch_size=None, num_workers=args.workers))
     next(it)
     start, images = time.perf_counter(), 0
@@ -141,9 +153,13 @@ def main():
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cores", type=int, default=2, help="pin this process and its workers to this many CPUs")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads of the main process (default: the cores the workers leave, at least 1; "
-                             "more oversubscribes the cores and OpenMP threads then stall each other)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of the main process (default: the cores the workers leave, at least 1; "
+        "more oversubscribes the cores and OpenMP threads then stall each other)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
@@ -154,8 +170,12 @@ def main():
     augment = build_augment(args.preset, image_size=args.size)
 
     with tempfile.TemporaryDirectory() as tmp:
-        write_shards(tmp, {"train": synthetic_images(args.images, args.size)}, shard_size=args.images // 8,
-                     meta=dict(mode="views", channels=3, image_shape=[3, args.size, args.size], labels=True))
+        write_shards(
+            tmp,
+            {"train": synthetic_images(args.images, args.size)},
+            shard_size=args.images // 8,
+            meta=dict(mode="views", channels=3, image_shape=[3, args.size, args.size], labels=True),
+        )
         stream, baseline = [], []
         for _ in range(args.repeats):
             stream.append(run_stream(tmp, args, augment))
@@ -166,20 +186,26 @@ def main():
         decode = [decode_rate(tmp, args) for _ in range(args.repeats)]
 
     stream_rate, baseline_rate = statistics.median(stream), statistics.median(baseline)
-    print(json.dumps({
-        "config": {**vars(args), "cores": cores, "load_average_1min": os.getloadavg()[0]},
-        "pipeline_images_per_s": {
-            "stream_batched_augment": round(stream_rate, 1),
-            "torchvision_v2_per_image": round(baseline_rate, 1),
-            "speedup": round(stream_rate / baseline_rate, 2),
-            "runs": {"stream": [round(x, 1) for x in stream], "torchvision": [round(x, 1) for x in baseline]},
-        },
-        "augment_only_one_thread_images_per_s": {
-            "batched": round(batched_1t, 1), "per_image_v2": round(per_image_1t, 1),
-            "speedup": round(batched_1t / per_image_1t, 2),
-        },
-        "decode_images_per_s_per_worker": round(statistics.median(decode), 1),
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "config": {**vars(args), "cores": cores, "load_average_1min": os.getloadavg()[0]},
+                "pipeline_images_per_s": {
+                    "stream_batched_augment": round(stream_rate, 1),
+                    "torchvision_v2_per_image": round(baseline_rate, 1),
+                    "speedup": round(stream_rate / baseline_rate, 2),
+                    "runs": {"stream": [round(x, 1) for x in stream], "torchvision": [round(x, 1) for x in baseline]},
+                },
+                "augment_only_one_thread_images_per_s": {
+                    "batched": round(batched_1t, 1),
+                    "per_image_v2": round(per_image_1t, 1),
+                    "speedup": round(batched_1t / per_image_1t, 2),
+                },
+                "decode_images_per_s_per_worker": round(statistics.median(decode), 1),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -77,13 +77,32 @@ def write_image_shards(root: Path, size: int, n: int, fmt: str = "jpg") -> Path:
     return root / "shards"
 
 
-def case_config(model: str, size: int, batch: int, compile: bool, workers: int, root: Path | str = "unused",
-                extra: tuple[str, ...] = ()):
+def case_config(
+    model: str,
+    size: int,
+    batch: int,
+    compile: bool,
+    workers: int,
+    root: Path | str = "unused",
+    extra: tuple[str, ...] = (),
+):
     augment = "cifar" if size <= 64 else "imagenet"
-    overrides = [f"model={model}", f"batch_size={batch}", "objective=scl", f"data.root={root}", f"data.augment={augment}",
-                 "data.write_if_missing=null", f"engine.compile={str(compile).lower()}", f"data.num_workers={workers}",
-                 f"data.image_size=[{size},{size}]", "data.mean=[0.5,0.5,0.5]", "data.std=[0.25,0.25,0.25]",
-                 "engine.precision=auto", "engine.channels_last=true", *extra]
+    overrides = [
+        f"model={model}",
+        f"batch_size={batch}",
+        "objective=scl",
+        f"data.root={root}",
+        f"data.augment={augment}",
+        "data.write_if_missing=null",
+        f"engine.compile={str(compile).lower()}",
+        f"data.num_workers={workers}",
+        f"data.image_size=[{size},{size}]",
+        "data.mean=[0.5,0.5,0.5]",
+        "data.std=[0.25,0.25,0.25]",
+        "engine.precision=auto",
+        "engine.channels_last=true",
+        *extra,
+    ]
     if model.startswith("resnet") and size <= 64:
         overrides.append("model.cifar_stem=true")
     return compose_config(overrides)
@@ -173,8 +192,12 @@ def one_rank_group(device: torch.device) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1,
-                            **({"device_id": device} if device.type == "cuda" else {}))
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        rank=0,
+        world_size=1,
+        **({"device_id": device} if device.type == "cuda" else {}),
+    )
 
 
 class Report:
@@ -197,8 +220,20 @@ class Report:
             tmp.replace(self.out)
 
 
-def bench_case(model: str, size: int, batch: int, modes: list[str], shards: dict, device: torch.device, steps: int,
-               warmup: int, compile: bool, peak: float | None, workers: int, report: Report) -> None:
+def bench_case(
+    model: str,
+    size: int,
+    batch: int,
+    modes: list[str],
+    shards: dict,
+    device: torch.device,
+    steps: int,
+    warmup: int,
+    compile: bool,
+    peak: float | None,
+    workers: int,
+    report: Report,
+) -> None:
     case = {"model": model, "image_size": size, "batch": batch, "steps": steps, "compile": compile, "modes": {}}
     report.data["results"].append(case)
     base = case_config(model, size, batch, compile, workers)
@@ -208,8 +243,13 @@ def bench_case(model: str, size: int, batch: int, modes: list[str], shards: dict
     del x
 
     def record(mode: str, step_s: float, flops: float, **extra) -> None:
-        entry = {"images_per_s": batch / step_s, "seconds_per_step": step_s, "train_tflops_per_step": flops / 1e12,
-                 "mfu": flops / step_s / (peak * 1e12) if peak else None, **extra}
+        entry = {
+            "images_per_s": batch / step_s,
+            "seconds_per_step": step_s,
+            "train_tflops_per_step": flops / 1e12,
+            "mfu": flops / step_s / (peak * 1e12) if peak else None,
+            **extra,
+        }
         case["modes"][mode] = entry
         report.write()
         print(f"bench_gpu: {model}@{size} b{batch} {mode}: {entry['images_per_s']:,.0f} images/s", flush=True)
@@ -229,15 +269,24 @@ def bench_case(model: str, size: int, batch: int, modes: list[str], shards: dict
             resident = next(batches).to(device)  # the same batch every step, already on the device
             del batches
         if mode == "synthetic":
-            record(mode, seconds_per_step(trainer_step(engine, loss_fn, views, iter(lambda: resident, None), device),
-                                          steps, warmup, device), trainer_flops)
+            record(
+                mode,
+                seconds_per_step(
+                    trainer_step(engine, loss_fn, views, iter(lambda: resident, None), device), steps, warmup, device
+                ),
+                trainer_flops,
+            )
         elif mode == "reference":
             step, fwd = reference_step(model, size, batch, base.dim, device)
             record(mode, seconds_per_step(step, steps, warmup, device), 3.0 * fwd)
         elif mode in ("jpeg", "png"):
             batches = loader(mode)
-            record(mode, seconds_per_step(trainer_step(engine, loss_fn, views, batches, device), steps, warmup, device),
-                   trainer_flops, data_bound_share=None)
+            record(
+                mode,
+                seconds_per_step(trainer_step(engine, loss_fn, views, batches, device), steps, warmup, device),
+                trainer_flops,
+                data_bound_share=None,
+            )
             del batches
             synthetic = case["modes"].get("synthetic")
             if synthetic and "seconds_per_step" in synthetic:
@@ -248,11 +297,13 @@ def bench_case(model: str, size: int, batch: int, modes: list[str], shards: dict
 
             one_rank_group(device)
             bare = engine.train_module
-            engine.train_module = DistributedDataParallel(engine.model, device_ids=[device.index] if device.type == "cuda"
-                                                          else None)
+            engine.train_module = DistributedDataParallel(
+                engine.model, device_ids=[device.index] if device.type == "cuda" else None
+            )
             try:
-                s = seconds_per_step(trainer_step(engine, loss_fn, views, iter(lambda: resident, None), device),
-                                     steps, warmup, device)
+                s = seconds_per_step(
+                    trainer_step(engine, loss_fn, views, iter(lambda: resident, None), device), steps, warmup, device
+                )
             finally:
                 engine.train_module = bare
             synthetic = case["modes"].get("synthetic", {}).get("seconds_per_step")
@@ -289,8 +340,11 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         enable_cuda_fast_paths()
-    head = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "peak_bf16_tflops": peak_tflops(device, args.peak_tflops)}
+    head = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "peak_bf16_tflops": peak_tflops(device, args.peak_tflops),
+    }
     report = Report(args.out, head, args.budget_s)
     modes = [m for m in args.modes.split(",") if m]
     unknown = sorted(set(modes) - set(MODES))
@@ -307,17 +361,38 @@ def main() -> None:
         def shards_of(fmt: str, size: int):  # written on first use only
             key = (fmt, size)
             if key not in made:
-                made[key] = write_image_shards(Path(tmp) / f"{fmt}{size}", size, images, "jpg" if fmt == "jpeg" else fmt)
+                made[key] = write_image_shards(
+                    Path(tmp) / f"{fmt}{size}", size, images, "jpg" if fmt == "jpeg" else fmt
+                )
             return made[key]
 
         for model, size, batch in cases:
             shards = {fmt: (lambda fmt=fmt, size=size: shards_of(fmt, size)) for fmt in ("jpeg", "png")}
             try:
-                bench_case(model, size, batch, modes, shards, device, steps, warmup, args.compile,
-                           head["peak_bf16_tflops"], workers, report)
+                bench_case(
+                    model,
+                    size,
+                    batch,
+                    modes,
+                    shards,
+                    device,
+                    steps,
+                    warmup,
+                    args.compile,
+                    head["peak_bf16_tflops"],
+                    workers,
+                    report,
+                )
             except Exception as e:  # e.g. the model does not fit: the next case still runs
-                report.data["results"].append({"model": model, "image_size": size, "batch": batch, "modes": {},
-                                               "error": f"{type(e).__name__}: {e}"[:400]})
+                report.data["results"].append(
+                    {
+                        "model": model,
+                        "image_size": size,
+                        "batch": batch,
+                        "modes": {},
+                        "error": f"{type(e).__name__}: {e}"[:400],
+                    }
+                )
                 report.data["errors"] = report.data.get("errors", 0) + 1
                 report.write()
                 print(f"bench_gpu: {model}@{size} b{batch}: FAILED {type(e).__name__}: {e}", flush=True)

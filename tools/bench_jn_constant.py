@@ -36,16 +36,31 @@ DIMS = (4, 8, 16)
 def measure(run_dir: str) -> dict:
     trained = open_run(run_dir)
     (z_train, y_train), (z_val, y_val) = embed_split(trained, "train"), embed_split(trained, "val")
-    acc = {k: round(100 * probe_accuracy(z_train[:, :k], y_train, z_val[:, :k], y_val, probe="closed_form").item(), 1)
-           for k in DIMS}
+    acc = {
+        k: round(100 * probe_accuracy(z_train[:, :k], y_train, z_val[:, :k], y_val, probe="closed_form").item(), 1)
+        for k in DIMS
+    }
     return {"constant_share_first8": [round(v, 3) for v in constant_share(z_val[:, :8])], "jn_acc": acc}
 
 
 def train_and_measure(extra: list[str], steps: int, seed: int, digits: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        run(compose_config(["experiment=quickstart", f"run_dir={Path(tmp) / 'run'}", f"data.root={digits}",
-                            f"steps={steps}", f"checkpoint_every={steps}", f"seed={seed}", "cpu_threads=1",
-                            "logging.progress=false", "logging.wandb.mode=disabled", *extra]))
+        run(
+            compose_config(
+                [
+                    "experiment=quickstart",
+                    f"run_dir={Path(tmp) / 'run'}",
+                    f"data.root={digits}",
+                    f"steps={steps}",
+                    f"checkpoint_every={steps}",
+                    f"seed={seed}",
+                    "cpu_threads=1",
+                    "logging.progress=false",
+                    "logging.wandb.mode=disabled",
+                    *extra,
+                ]
+            )
+        )
         return measure(str(Path(tmp) / "run"))
 
 
@@ -60,6 +75,7 @@ def main(steps: int = 300, seeds: int = 1, digits: str = "data/digits", only: st
         mean = {k: round(statistics.mean(r[k] for r in rows), 1) for k in DIMS}
         sd = {k: round(statistics.stdev(r[k] for r in rows), 1) if len(rows) > 1 else None for k in DIMS}
         print(json.dumps({"variant": name, "steps": steps, "seeds": seeds, "mean_jn_acc": mean, "sd": sd}), flush=True)
+
 
 if __name__ == "__main__":
     main(*(int(a) if i < 2 else a for i, a in enumerate(sys.argv[1:])))

@@ -31,14 +31,13 @@ import warnings
 import numpy as np
 import torch
 import webdataset as wds
+from bench_data import torchvision_views  # the same per-image reference pipeline (tools/ is on sys.path)
 from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from eigtrain.data import ShardStream, StreamOptions, build_augment
 from eigtrain.data.augment import PRESETS
-
-from bench_data import torchvision_views  # the same per-image reference pipeline (tools/ is on sys.path)
 
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning)
 
@@ -81,8 +80,15 @@ def timed(make_batches, count: int, size_of) -> float:
 
 def ours(pattern, args, size, workers: int, augment=None) -> float:
     """ShardStream; with `augment` both views are made in this process on the CPU."""
-    options = StreamOptions(batch_size=args.batch, num_workers=workers, seed=0, label_key="cls", image_size=size,
-                            image_fit="whole", shuffle_block=1000)
+    options = StreamOptions(
+        batch_size=args.batch,
+        num_workers=workers,
+        seed=0,
+        label_key="cls",
+        image_size=size,
+        image_fit="whole",
+        shuffle_block=1000,
+    )
     stream = ShardStream(shards=pattern, options=options)
     generator = torch.Generator().manual_seed(0)
 
@@ -95,12 +101,21 @@ def ours(pattern, args, size, workers: int, augment=None) -> float:
 
 
 def webdataset_v2(pattern, args, size, workers: int) -> float:
-    dataset = (wds.WebDataset(pattern, shardshuffle=False, nodesplitter=None, workersplitter=wds.split_by_worker,
-                              empty_check=False)
-               .shuffle(1000).decode("pilrgb").to_tuple("jpg", "cls")
-               .map_tuple(TwoViews(args.preset, size), lambda c: c).batched(args.batch))
-    return timed(lambda: iter(DataLoader(dataset, batch_size=None, num_workers=workers)), args.batches,
-                 lambda batch: len(batch[1]))
+    dataset = (
+        wds.WebDataset(
+            pattern, shardshuffle=False, nodesplitter=None, workersplitter=wds.split_by_worker, empty_check=False
+        )
+        .shuffle(1000)
+        .decode("pilrgb")
+        .to_tuple("jpg", "cls")
+        .map_tuple(TwoViews(args.preset, size), lambda c: c)
+        .batched(args.batch)
+    )
+    return timed(
+        lambda: iter(DataLoader(dataset, batch_size=None, num_workers=workers)),
+        args.batches,
+        lambda batch: len(batch[1]),
+    )
 
 
 def one_core(cores, run):
@@ -142,13 +157,21 @@ def main():
         per_core = {k: v / (1 if k.endswith("one_core") else args.cores) for k, v in median.items()}
         results[f"{size}px"] = {
             **{f"{k}_images_per_s_per_core": round(v, 1) for k, v in per_core.items()},
-            "ratio_all_on_one_core_ours_vs_webdataset_v2": round(per_core["ours_one_core"]
-                                                                 / per_core["webdataset_v2_one_core"], 2),
+            "ratio_all_on_one_core_ours_vs_webdataset_v2": round(
+                per_core["ours_one_core"] / per_core["webdataset_v2_one_core"], 2
+            ),
             "ratio_loader_ours_vs_webdataset_v2": round(per_core["ours_loader"] / per_core["webdataset_v2"], 2),
             "runs_images_per_s": {k: [round(x, 1) for x in v] for k, v in runs.items()},
         }
-    print(json.dumps({"config": {**vars(args), "cores": cores, "load_average_1min": os.getloadavg()[0]},
-                      "two_views_per_image": results}, indent=1))
+    print(
+        json.dumps(
+            {
+                "config": {**vars(args), "cores": cores, "load_average_1min": os.getloadavg()[0]},
+                "two_views_per_image": results,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

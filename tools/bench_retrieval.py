@@ -47,8 +47,13 @@ def bench_streaming(rows: int, dim: int) -> dict:
 
         t_memory = _best(in_memory)
         t_stream = _best(lambda: reduce_embeddings(tmp, pairs=False))
-    return {"rows": rows, "dim": dim, "in_memory_s": round(t_memory, 3), "streamed_chunks_s": round(t_stream, 3),
-            "streamed_over_in_memory": round(t_stream / t_memory, 3)}
+    return {
+        "rows": rows,
+        "dim": dim,
+        "in_memory_s": round(t_memory, 3),
+        "streamed_chunks_s": round(t_stream, 3),
+        "streamed_over_in_memory": round(t_stream / t_memory, 3),
+    }
 
 
 def bench_search(db: int, queries: int, dims: list[int]) -> dict:
@@ -56,9 +61,14 @@ def bench_search(db: int, queries: int, dims: list[int]) -> dict:
     base, q = torch.randn(db, max(dims), generator=gen), torch.randn(queries, max(dims), generator=gen)
     out = {"database": db, "queries": queries, "faiss": resolve_backend("auto") == "faiss", "per_k": {}}
     for k in dims:
-        row = {"torch_us_per_query": 1e6 * search_seconds_per_query(base[:, :k], q[:, :k], 10, "torch", max_queries=queries)}
+        row = {
+            "torch_us_per_query": 1e6
+            * search_seconds_per_query(base[:, :k], q[:, :k], 10, "torch", max_queries=queries)
+        }
         if out["faiss"]:
-            row["faiss_us_per_query"] = 1e6 * search_seconds_per_query(base[:, :k], q[:, :k], 10, "faiss", max_queries=queries)
+            row["faiss_us_per_query"] = 1e6 * search_seconds_per_query(
+                base[:, :k], q[:, :k], 10, "faiss", max_queries=queries
+            )
             row["torch_over_faiss"] = row["torch_us_per_query"] / row["faiss_us_per_query"]
         out["per_k"][k] = {key: round(v, 3) for key, v in row.items()}
     return out
@@ -71,8 +81,10 @@ def main() -> None:
     parser.add_argument("--db", type=int, default=50_000)
     parser.add_argument("--queries", type=int, default=2_000)
     args = parser.parse_args()
-    result = {"rr_streaming": bench_streaming(args.rows, args.dim),
-              "search": bench_search(args.db, args.queries, [16, 64, 256])}
+    result = {
+        "rr_streaming": bench_streaming(args.rows, args.dim),
+        "search": bench_search(args.db, args.queries, [16, 64, 256]),
+    }
     print(json.dumps(result, indent=1))
 
 

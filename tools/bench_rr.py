@@ -53,28 +53,48 @@ def main():
 
     tmp = None
     if args.run_dir is None:
-        from eigtrain.train import compose_config, run as train
+        from eigtrain.train import compose_config
+        from eigtrain.train import run as train
 
         tmp = tempfile.TemporaryDirectory()
         args.run_dir = str(Path(tmp.name) / "run")
-        train(compose_config(["experiment=cpu_debug", f"run_dir={args.run_dir}", f"data.root={Path(tmp.name) / 'digits'}",
-                              "logging.progress=false", "logging.wandb.mode=disabled"]))
+        train(
+            compose_config(
+                [
+                    "experiment=cpu_debug",
+                    f"run_dir={args.run_dir}",
+                    f"data.root={Path(tmp.name) / 'digits'}",
+                    "logging.progress=false",
+                    "logging.wandb.mode=disabled",
+                ]
+            )
+        )
     run = open_run(args.run_dir)
     one_pass(run, True, args.batch_size, args.workers)  # warm-up (worker start, caches)
     plain, reduced = [], []
     for i in range(args.repeats):  # alternate the order: the second pass of a pair may run warmer or colder
-        for reduce in ((False, True) if i % 2 == 0 else (True, False)):
+        for reduce in (False, True) if i % 2 == 0 else (True, False):
             (reduced if reduce else plain).append(one_pass(run, reduce, args.batch_size, args.workers))
     t_plain, t_reduced = statistics.median(r[0] for r in plain), statistics.median(r[0] for r in reduced)
     # The steadier figure: the update's share measured inside the same pass.
     inside = statistics.median(u / (t - u) for t, _, u in reduced)
     n = plain[0][1]
-    print(json.dumps({
-        "run_dir": args.run_dir, "samples": n, "dim": run.cfg.dim, "threads": torch.get_num_threads(),
-        "inference_samples_per_s": n / t_plain, "reduction_samples_per_s": n / t_reduced,
-        "overhead_interleaved_passes": t_reduced / t_plain - 1.0,
-        "overhead_update_share": inside, "goal": "overhead <= 0.05",
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "run_dir": args.run_dir,
+                "samples": n,
+                "dim": run.cfg.dim,
+                "threads": torch.get_num_threads(),
+                "inference_samples_per_s": n / t_plain,
+                "reduction_samples_per_s": n / t_reduced,
+                "overhead_interleaved_passes": t_reduced / t_plain - 1.0,
+                "overhead_update_share": inside,
+                "goal": "overhead <= 0.05",
+            },
+            indent=2,
+        )
+    )
     if tmp is not None:
         tmp.cleanup()
 

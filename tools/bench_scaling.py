@@ -44,6 +44,7 @@ def stat_numel(name: str, dim: int, **kwargs) -> int:
 
 # ---------------------------------------------------------------------------------------------- measured
 
+
 def _timed(fn, repeats: int) -> float:
     """Median seconds of fn over ranks' slowest (a barrier before, the max over ranks after)."""
     fn()  # warm-up
@@ -77,8 +78,12 @@ def _measure_point(dim: int, local: int, repeats: int) -> dict:
     alone = build_objective("scl", dim, normalize="full", distributed=False)
     x = big[0].detach()
     return {
-        "dim": dim, "local_batch": local, "global_batch": WORLD * local, "stat_numel": numel,
-        "bytes_moments": 2 * (WORLD - 1) / WORLD * numel * 4, "bytes_gather": (WORLD - 1) * local * 2 * dim * 4,
+        "dim": dim,
+        "local_batch": local,
+        "global_batch": WORLD * local,
+        "stat_numel": numel,
+        "bytes_moments": 2 * (WORLD - 1) / WORLD * numel * 4,
+        "bytes_gather": (WORLD - 1) * local * 2 * dim * 4,
         "step_s": step,
         "all_reduce_s": _timed(lambda: dist.all_reduce(flat), repeats),
         "all_gather_s": _timed(lambda: dist.all_gather(parts, rows), repeats),
@@ -110,8 +115,10 @@ def measure(points: list[tuple[int, int]], repeats: int) -> list[dict]:
     # the global batch) over the bus bandwidth of the stats' all-reduce (medians over the points; all-reduces
     # under 1 MB are latency, not bandwidth). The objective's d x d elementwise work is the same on both routes.
     flops = statistics.median(r["matmul_flops_per_s"] for r in rows)
-    bus = statistics.median([r["bytes_moments"] / r["all_reduce_s"] for r in rows if r["bytes_moments"] >= 1e6]
-                            or [r["bytes_moments"] / r["all_reduce_s"] for r in rows])
+    bus = statistics.median(
+        [r["bytes_moments"] / r["all_reduce_s"] for r in rows if r["bytes_moments"] >= 1e6]
+        or [r["bytes_moments"] / r["all_reduce_s"] for r in rows]
+    )
     for row in rows:
         row["flops_per_byte"] = flops / bus
         row["gather_over_moments"] = row["step_s"]["gather"] / row["step_s"]["moments"]
@@ -130,6 +137,7 @@ def _default_flops_per_byte() -> float:
 
 # ---------------------------------------------------------------------------------------------- modeled
 
+
 def model_row(dim: int, batch: int, world: int, fabric: str, numel: int, element_size: int = 4) -> dict:
     """Per-step seconds of each route on `world` H100s: ring all-reduce 2(W-1)/W S/busbw + 2(W-1) alpha,
     ring all-gather (W-1)/W B 2d/busbw + (W-1) alpha (+ the size exchange), Gram flops at the sustained rate.
@@ -145,11 +153,18 @@ def model_row(dim: int, batch: int, world: int, fabric: str, numel: int, element
     fpb = H100_FP32_FLOPS / bw
     costs = reduction_costs(numel, 2 * dim, [local] * world, element_size, fpb)
     return {
-        "dim": dim, "global_batch": batch, "world": world, "fabric": fabric, "stat_numel": numel,
+        "dim": dim,
+        "global_batch": batch,
+        "world": world,
+        "fabric": fabric,
+        "stat_numel": numel,
         "bytes_moments": 2 * (world - 1) / world * numel * element_size,
         "bytes_gather": (world - 1) * local * 2 * dim * element_size,
-        "moments": moments, "gather": gather, "gather_over_moments": gather["total_s"] / moments["total_s"],
-        "auto_picks": "gather" if costs["gather"] < costs["moments"] else "moments", "flops_per_byte": fpb,
+        "moments": moments,
+        "gather": gather,
+        "gather_over_moments": gather["total_s"] / moments["total_s"],
+        "auto_picks": "gather" if costs["gather"] < costs["moments"] else "moments",
+        "flops_per_byte": fpb,
     }
 
 
@@ -166,6 +181,7 @@ def model(dims: list[int], batches: list[int], worlds: list[int]) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------- output
+
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g}"
@@ -186,31 +202,81 @@ def _split(route: dict) -> str:
 def markdown(measured: list[dict], modeled: list[dict]) -> str:
     balance = measured[0]["flops_per_byte"] if measured else 0.0
     lines = [f"Measured: auto picks with this machine's {balance:.3g} flop/byte", ""]
-    lines += _header("d", "global batch", "MB all-reduce", "MB gather", "step moments ms", "step gather ms",
-                     "gather/moments", "all-reduce ms", "all-gather ms", "compute B/W ms", "compute B ms",
-                     "Gram GFLOP/s", "faster", "auto picks")
+    lines += _header(
+        "d",
+        "global batch",
+        "MB all-reduce",
+        "MB gather",
+        "step moments ms",
+        "step gather ms",
+        "gather/moments",
+        "all-reduce ms",
+        "all-gather ms",
+        "compute B/W ms",
+        "compute B ms",
+        "Gram GFLOP/s",
+        "faster",
+        "auto picks",
+    )
     for r in measured:
         megabytes = (f"{r['bytes_moments'] / 1e6:.3g}", f"{r['bytes_gather'] / 1e6:.3g}")
-        lines.append(_row(r["dim"], r["global_batch"], *megabytes,
-                          _ms(r["step_s"]["moments"]), _ms(r["step_s"]["gather"]), f"{r['gather_over_moments']:.2f}",
-                          _ms(r["all_reduce_s"]), _ms(r["all_gather_s"]), _ms(r["compute_local_s"]),
-                          _ms(r["compute_global_s"]), f"{r['matmul_flops_per_s'] / 1e9:.3g}", r["faster"],
-                          r["auto_picks"]))
+        lines.append(
+            _row(
+                r["dim"],
+                r["global_batch"],
+                *megabytes,
+                _ms(r["step_s"]["moments"]),
+                _ms(r["step_s"]["gather"]),
+                f"{r['gather_over_moments']:.2f}",
+                _ms(r["all_reduce_s"]),
+                _ms(r["all_gather_s"]),
+                _ms(r["compute_local_s"]),
+                _ms(r["compute_global_s"]),
+                f"{r['matmul_flops_per_s'] / 1e9:.3g}",
+                r["faster"],
+                r["auto_picks"],
+            )
+        )
     for fabric in BUS_BW:  # one matrix per fabric: gather/moments time ratio and the route auto picks
         rows = [r for r in modeled if r["fabric"] == fabric]
         columns = sorted({(r["world"], r["global_batch"]) for r in rows})
-        lines += ["", f"**{fabric}** ({BUS_BW[fabric] / 1e9:.0f} GB/s bus bandwidth, "
-                  f"{H100_FP32_FLOPS / BUS_BW[fabric]:.0f} flop/byte): gather/moments time, route auto picks", ""]
+        lines += [
+            "",
+            f"**{fabric}** ({BUS_BW[fabric] / 1e9:.0f} GB/s bus bandwidth, "
+            f"{H100_FP32_FLOPS / BUS_BW[fabric]:.0f} flop/byte): gather/moments time, route auto picks",
+            "",
+        ]
         lines += _header("d", *(f"W={w}, B={b}" for w, b in columns))
         for dim in sorted({r["dim"] for r in rows}):
             cell = {(r["world"], r["global_batch"]): r for r in rows if r["dim"] == dim}
             lines.append(_row(dim, *(f"{cell[c]['gather_over_moments']:.2f} {cell[c]['auto_picks']}" for c in columns)))
-    lines += [""] + _header("d", "global batch", "GPUs", "fabric", "MB all-reduce", "MB gather",
-                            "moments ms (comm + compute)", "gather ms (comm + compute)", "gather/moments", "auto picks")
+    lines += [""] + _header(
+        "d",
+        "global batch",
+        "GPUs",
+        "fabric",
+        "MB all-reduce",
+        "MB gather",
+        "moments ms (comm + compute)",
+        "gather ms (comm + compute)",
+        "gather/moments",
+        "auto picks",
+    )
     for r in (r for r in modeled if r["dim"] == max(x["dim"] for x in modeled)):
-        lines.append(_row(r["dim"], r["global_batch"], r["world"], r["fabric"], f"{r['bytes_moments'] / 1e6:.4g}",
-                          f"{r['bytes_gather'] / 1e6:.4g}", _split(r["moments"]), _split(r["gather"]),
-                          f"{r['gather_over_moments']:.2f}", r["auto_picks"]))
+        lines.append(
+            _row(
+                r["dim"],
+                r["global_batch"],
+                r["world"],
+                r["fabric"],
+                f"{r['bytes_moments'] / 1e6:.4g}",
+                f"{r['bytes_gather'] / 1e6:.4g}",
+                _split(r["moments"]),
+                _split(r["gather"]),
+                f"{r['gather_over_moments']:.2f}",
+                r["auto_picks"],
+            )
+        )
     return "\n".join(lines)
 
 
@@ -231,8 +297,13 @@ def main(argv=None) -> int:
     parser.add_argument("--markdown", metavar="FILE", help="also write the tables of benchmarks/scaling.md here")
     args = parser.parse_args(argv)
     smallest = min(args.local_batches)
-    points = [(d, b) for d in args.dims if d <= args.max_measured_dim for b in args.local_batches
-              if b == smallest or d <= args.big_batch_max_dim]
+    points = [
+        (d, b)
+        for d in args.dims
+        if d <= args.max_measured_dim
+        for b in args.local_batches
+        if b == smallest or d <= args.big_batch_max_dim
+    ]
     measured = [] if args.model_only else measure(points, args.repeats)
     modeled = model(args.dims, args.global_batches, args.worlds)
     json.dump({"world": WORLD, "measured": measured, "modeled": modeled}, sys.stdout, indent=1)

@@ -17,7 +17,14 @@ from eigtrain.synthetic.config import parse_run_args
 from eigtrain.synthetic.kernels import build_kernel
 from eigtrain.synthetic.train import train, train_single
 
-METHODS = [("scl", "joint"), ("scl", "rr"), ("rq", "joint"), ("rq", "rr"), ("vicreg_paper", "joint"), ("vicreg_paper", "rr")]
+METHODS = [
+    ("scl", "joint"),
+    ("scl", "rr"),
+    ("rq", "joint"),
+    ("rq", "rr"),
+    ("vicreg_paper", "joint"),
+    ("vicreg_paper", "rr"),
+]
 
 
 def main(argv):
@@ -26,7 +33,10 @@ def main(argv):
     keys = {"rank": 10, "steps": 20, "constant_mode": "learned", "log_every": 1000000, **opts}  # given keys win
     base = parse_run_args([f"{k}={v}" for k, v in keys.items()])
     torch.set_num_threads(base.threads)
-    cfgs = [dataclasses.replace(base, objective=o, extraction=e, seed=i // len(METHODS)) for i, (o, e) in zip(range(members), METHODS * members)]
+    cfgs = [
+        dataclasses.replace(base, objective=o, extraction=e, seed=i // len(METHODS))
+        for i, (o, e) in zip(range(members), METHODS * members)
+    ]
     kernel = build_kernel(base.kernel, base.rank)
     start = time.perf_counter()
     for cfg in cfgs[:unbatched_runs]:  # the six methods, one run after another
@@ -35,12 +45,23 @@ def main(argv):
     start = time.perf_counter()
     train(cfgs, kernel)
     batched = (time.perf_counter() - start) / (members * base.steps)
-    print(json.dumps({
-        "kernel": base.kernel, "rank": base.rank, "batch_size": base.batch_size, "width": base.width, "depth": base.depth,
-        "threads": base.threads, "steps": base.steps, "members": members,
-        "unbatched_seconds_per_run_step": round(unbatched, 5), "batched_seconds_per_run_step": round(batched, 5),
-        "speedup": round(unbatched / batched, 2),
-    }))
+    print(
+        json.dumps(
+            {
+                "kernel": base.kernel,
+                "rank": base.rank,
+                "batch_size": base.batch_size,
+                "width": base.width,
+                "depth": base.depth,
+                "threads": base.threads,
+                "steps": base.steps,
+                "members": members,
+                "unbatched_seconds_per_run_step": round(unbatched, 5),
+                "batched_seconds_per_run_step": round(batched, 5),
+                "speedup": round(unbatched / batched, 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

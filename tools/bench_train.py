@@ -61,8 +61,9 @@ def median_ms(samples: list[float]) -> float:
 def overhead(batch: int, repeats: int, objective_name: str) -> dict:
     cfg, model, objective, images, augment, gen, views = setup(batch, objective_name, distributed=False)
     bare_model = copy.deepcopy(model)
-    bare_opt = torch.optim.SGD(bare_model.parameters(), lr=0.01, momentum=cfg.optim.momentum,
-                               weight_decay=cfg.optim.weight_decay)
+    bare_opt = torch.optim.SGD(
+        bare_model.parameters(), lr=0.01, momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay
+    )
     engine = DDPEngine(model, cfg.optim, device=torch.device("cpu"), grad_clip=cfg.optim.grad_clip)
     loss_fn = make_loss_fn(engine, objective, pairs=False)
     both = torch.cat(views)
@@ -91,8 +92,12 @@ def overhead(batch: int, repeats: int, objective_name: str) -> dict:
     ms = {k: median_ms(v) for k, v in samples.items()}
     best = {k: 1e3 * min(v) for k, v in samples.items()}  # the least disturbed run on a shared machine
     return {
-        "objective": objective_name, "batch": batch, "dim": cfg.dim,
-        "bare_step_ms": ms["bare"], "full_step_ms": ms["full"], "augment_ms": ms["augment"],
+        "objective": objective_name,
+        "batch": batch,
+        "dim": cfg.dim,
+        "bare_step_ms": ms["bare"],
+        "full_step_ms": ms["full"],
+        "augment_ms": ms["augment"],
         "ratio_full_over_bare": ms["full"] / ms["bare"],
         "ratio_full_over_bare_min": best["full"] / best["bare"],
         "ratio_full_plus_augment_over_bare": (ms["full"] + ms["augment"]) / ms["bare"],
@@ -105,8 +110,9 @@ def _comm_worker(rank: int, port: int, batch: int, repeats: int, objective_name:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     per_rank = batch // 2
     cfg, model, objective, _, _, _, views = setup(per_rank, objective_name, distributed=True)
-    local_objective = build_objective(cfg.objective.name, cfg.dim, distributed=False,
-                                      **{k: v for k, v in cfg.objective.items() if k != "name"})
+    local_objective = build_objective(
+        cfg.objective.name, cfg.dim, distributed=False, **{k: v for k, v in cfg.objective.items() if k != "name"}
+    )
     engine = DDPEngine(model, cfg.optim, device=torch.device("cpu"), grad_clip=cfg.optim.grad_clip)
     with_comm = make_loss_fn(engine, objective, pairs=False)
     without_comm = make_loss_fn(engine, local_objective, pairs=False)
@@ -133,8 +139,15 @@ def _comm_worker(rank: int, port: int, batch: int, repeats: int, objective_name:
         samples["no_comm"].append(timed(no_comm))
     if rank == 0:
         ms = {k: median_ms(v) for k, v in samples.items()}
-        out.put({"ranks": 2, "per_rank_batch": per_rank, "step_ms": ms["comm"], "step_without_communication_ms": ms["no_comm"],
-                 "communication_share": max(0.0, 1 - ms["no_comm"] / ms["comm"])})
+        out.put(
+            {
+                "ranks": 2,
+                "per_rank_batch": per_rank,
+                "step_ms": ms["comm"],
+                "step_without_communication_ms": ms["no_comm"],
+                "communication_share": max(0.0, 1 - ms["no_comm"] / ms["comm"]),
+            }
+        )
     dist.destroy_process_group()
 
 
@@ -160,9 +173,11 @@ def main() -> None:
     parser.add_argument("--objective", default="scl")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    result = {"machine": {"cpus": os.cpu_count(), "torch_threads_per_process": 1, "load_avg_1min": os.getloadavg()[0]},
-              "overhead": overhead(args.batch, args.repeats, args.objective),
-              "communication": communication(args.batch, args.repeats, args.objective)}
+    result = {
+        "machine": {"cpus": os.cpu_count(), "torch_threads_per_process": 1, "load_avg_1min": os.getloadavg()[0]},
+        "overhead": overhead(args.batch, args.repeats, args.objective),
+        "communication": communication(args.batch, args.repeats, args.objective),
+    }
     print(json.dumps(result, indent=1))
 
 

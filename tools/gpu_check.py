@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import shutil
@@ -55,49 +54,154 @@ def cuda_steps(py: str, runs: Path, logs: Path) -> list[Step]:
     me = [py, str(REPO / "tools" / "gpu_check.py")]
     bench = [py, str(REPO / "tools" / "bench_gpu.py")]
     train = [py, "-m", "eigtrain.train", "experiment=cpu_debug", *QUIET, f"data.root={runs}/digits", "log_every=1"]
-    run1 = [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "eigtrain.train",
-            "experiment=cpu_debug", *QUIET, f"data.root={runs}/digits", "log_every=1", "device=cuda"]
+    run1 = [
+        py,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "1",
+        "-m",
+        "eigtrain.train",
+        "experiment=cpu_debug",
+        *QUIET,
+        f"data.root={runs}/digits",
+        "log_every=1",
+        "device=cuda",
+    ]
     return [
-        Step("a_train_bf16_channels_last_compile_digits", 1, 135,
-             "trainer on digits: ResNet-18, bf16 autocast, channels_last, torch.compile, 6 steps",
-             [*train, "device=cuda", *RESNET, "engine.precision=bf16", "engine.channels_last=true",
-              "engine.compile=true", "steps=6", f"run_dir={runs}/bf16"]),
-        Step("a_train_compile_synthetic", 1, 75, "trainer's step on synthetic tensors: ResNet-18 32 px batch 512, "
-             "bf16 + channels_last + compile", [*bench, "--cases", "resnet18:32:512", "--modes", "synthetic",
-                                                 "--compile", "--steps", "20", "--warmup", "5",
-                                                 "--out", str(logs / "a_train_compile_synthetic.json")]),
-        Step("b_bench_gpu", 1, 270, "bench_gpu.py: ResNet-18 32 px b512, ResNet-50 224 px b256; in memory, JPEG "
-             "shards (nvJPEG + GPU augmentation), PNG shards, DDP wrapper vs bare, bare torchvision reference, MFU",
-             [*bench, "--budget-s", "240", "--out", str(logs / "b_bench_gpu.json")]),
-        Step("c_host_syncs_per_step", 2, 75, "CUDA sync-debug mode: host syncs per step, cifar preset (hue jitter), "
-             "image_fit=whole, PNG shards", [*me, "--impl", "host_syncs", str(runs)]),
-        Step("d_stop_resume_fp32_bitwise", 2, 75, "stop after 2 steps, resume to 4: fp32 losses bit-identical",
-             [*me, "--impl", "resume", str(runs), "cuda", "fp32", "0"]),
-        Step("d_stop_resume_bf16", 2, 75, "stop after 2 steps, resume to 4: bf16 losses within 2e-2",
-             [*me, "--impl", "resume", str(runs), "cuda", "bf16", "2e-2"]),
-        Step("e_deepspeed_zero2", 2, 70, "DeepSpeed ZeRO-2, one GPU rank under torchrun (NCCL group)",
-             [*run1, "engine=deepspeed", "engine.zero_stage=2", "steps=6", f"run_dir={runs}/zero2"]),
-        Step("e_deepspeed_zero3", 2, 70, "DeepSpeed ZeRO-3, one GPU rank under torchrun (NCCL group)",
-             [*run1, "engine=deepspeed", "engine.zero_stage=3", "steps=6", f"run_dir={runs}/zero3"]),
-        Step("f_rr_and_eval", 2, 70, "a 4-step bf16 ResNet-18 run, then eigtrain-rr and eigtrain-eval on the GPU",
-             [*me, "--impl", "rr_eval", str(runs)]),
-        Step("g_nccl_ddp_syncbn_1rank", 2, 50, "torchrun 1 rank: NCCL group, LOCAL_RANK binding, SyncBatchNorm "
-             "converted + its kernels vs BatchNorm, DDP-wrapped ResNet-18 steps",
-             [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
-              str(REPO / "tools" / "gpu_check.py"), "--impl", "nccl_syncbn"]),
+        Step(
+            "a_train_bf16_channels_last_compile_digits",
+            1,
+            135,
+            "trainer on digits: ResNet-18, bf16 autocast, channels_last, torch.compile, 6 steps",
+            [
+                *train,
+                "device=cuda",
+                *RESNET,
+                "engine.precision=bf16",
+                "engine.channels_last=true",
+                "engine.compile=true",
+                "steps=6",
+                f"run_dir={runs}/bf16",
+            ],
+        ),
+        Step(
+            "a_train_compile_synthetic",
+            1,
+            75,
+            "trainer's step on synthetic tensors: ResNet-18 32 px batch 512, bf16 + channels_last + compile",
+            [
+                *bench,
+                "--cases",
+                "resnet18:32:512",
+                "--modes",
+                "synthetic",
+                "--compile",
+                "--steps",
+                "20",
+                "--warmup",
+                "5",
+                "--out",
+                str(logs / "a_train_compile_synthetic.json"),
+            ],
+        ),
+        Step(
+            "b_bench_gpu",
+            1,
+            270,
+            "bench_gpu.py: ResNet-18 32 px b512, ResNet-50 224 px b256; in memory, JPEG "
+            "shards (nvJPEG + GPU augmentation), PNG shards, DDP wrapper vs bare, bare torchvision reference, MFU",
+            [*bench, "--budget-s", "240", "--out", str(logs / "b_bench_gpu.json")],
+        ),
+        Step(
+            "c_host_syncs_per_step",
+            2,
+            75,
+            "CUDA sync-debug mode: host syncs per step, cifar preset (hue jitter), image_fit=whole, PNG shards",
+            [*me, "--impl", "host_syncs", str(runs)],
+        ),
+        Step(
+            "d_stop_resume_fp32_bitwise",
+            2,
+            75,
+            "stop after 2 steps, resume to 4: fp32 losses bit-identical",
+            [*me, "--impl", "resume", str(runs), "cuda", "fp32", "0"],
+        ),
+        Step(
+            "d_stop_resume_bf16",
+            2,
+            75,
+            "stop after 2 steps, resume to 4: bf16 losses within 2e-2",
+            [*me, "--impl", "resume", str(runs), "cuda", "bf16", "2e-2"],
+        ),
+        Step(
+            "e_deepspeed_zero2",
+            2,
+            70,
+            "DeepSpeed ZeRO-2, one GPU rank under torchrun (NCCL group)",
+            [*run1, "engine=deepspeed", "engine.zero_stage=2", "steps=6", f"run_dir={runs}/zero2"],
+        ),
+        Step(
+            "e_deepspeed_zero3",
+            2,
+            70,
+            "DeepSpeed ZeRO-3, one GPU rank under torchrun (NCCL group)",
+            [*run1, "engine=deepspeed", "engine.zero_stage=3", "steps=6", f"run_dir={runs}/zero3"],
+        ),
+        Step(
+            "f_rr_and_eval",
+            2,
+            70,
+            "a 4-step bf16 ResNet-18 run, then eigtrain-rr and eigtrain-eval on the GPU",
+            [*me, "--impl", "rr_eval", str(runs)],
+        ),
+        Step(
+            "g_nccl_ddp_syncbn_1rank",
+            2,
+            50,
+            "torchrun 1 rank: NCCL group, LOCAL_RANK binding, SyncBatchNorm "
+            "converted + its kernels vs BatchNorm, DDP-wrapped ResNet-18 steps",
+            [
+                py,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "1",
+                str(REPO / "tools" / "gpu_check.py"),
+                "--impl",
+                "nccl_syncbn",
+            ],
+        ),
     ]
 
 
 def cpu_steps(py: str, runs: Path, logs: Path) -> list[Step]:
     me = [py, str(REPO / "tools" / "gpu_check.py")]
     return [
-        Step("cpu_stop_resume_bitwise", 0, 300, "stop + resume on the CPU, bit for bit (exact accumulation)",
-             [*me, "--impl", "resume", str(runs), "cpu", "fp32", "0"]),
+        Step(
+            "cpu_stop_resume_bitwise",
+            0,
+            300,
+            "stop + resume on the CPU, bit for bit (exact accumulation)",
+            [*me, "--impl", "resume", str(runs), "cpu", "fp32", "0"],
+        ),
         Step("cpu_rr", 0, 300, "eigtrain-rr on the resumed run", [*me, "--impl", "rr_eval", str(runs), "--cpu"]),
-        Step("cpu_host_syncs_plumbing", 0, 300, "step (c)'s run on the CPU: PNG shards, cifar preset, image_fit=whole",
-             [*me, "--impl", "host_syncs", str(runs), "cpu"]),
-        Step("cpu_bench_dry_run", 0, 300, "bench_gpu.py --dry-run (every mode, tiny, CPU)",
-             [py, str(REPO / "tools" / "bench_gpu.py"), "--dry-run", "--out", str(logs / "cpu_bench_dry_run.json")]),
+        Step(
+            "cpu_host_syncs_plumbing",
+            0,
+            300,
+            "step (c)'s run on the CPU: PNG shards, cifar preset, image_fit=whole",
+            [*me, "--impl", "host_syncs", str(runs), "cpu"],
+        ),
+        Step(
+            "cpu_bench_dry_run",
+            0,
+            300,
+            "bench_gpu.py --dry-run (every mode, tiny, CPU)",
+            [py, str(REPO / "tools" / "bench_gpu.py"), "--dry-run", "--out", str(logs / "cpu_bench_dry_run.json")],
+        ),
     ]
 
 
@@ -140,8 +244,14 @@ def run_step(step: Step, env: dict, logs: Path, cwd: Path) -> dict:
         out.write(f"$ {' '.join(step.argv)}\n")
         out.flush()
         # cwd: not the repository, whose eigtrain/ (without its configs) would shadow the installed package
-        proc = subprocess.Popen(step.argv, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
-                                env={**env, "GPU_CHECK_FIGURES": str(logs / f"{step.name}.json")})
+        proc = subprocess.Popen(
+            step.argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
+            env={**env, "GPU_CHECK_FIGURES": str(logs / f"{step.name}.json")},
+        )
         try:
             code = proc.wait(timeout=step.box_s)
             status = "PASS" if code == 0 else "FAIL"
@@ -153,8 +263,14 @@ def run_step(step: Step, env: dict, logs: Path, cwd: Path) -> dict:
                 kill_group(proc, 9)
                 proc.wait()
             status = "TIMEOUT"
-    result = {"status": status, "seconds": round(time.monotonic() - t0, 1), "box_s": step.box_s, "part": step.part,
-              "what": step.what, "log": str(log)}
+    result = {
+        "status": status,
+        "seconds": round(time.monotonic() - t0, 1),
+        "box_s": step.box_s,
+        "part": step.part,
+        "what": step.what,
+        "log": str(log),
+    }
     figures = logs / f"{step.name}.json"
     if figures.exists():
         try:
@@ -191,7 +307,9 @@ def bench_lines(figures: dict) -> list[str]:
             ips = m.get("images_per_s")
             rel = f"{ips / ref:.0%}" if ips and ref else "-"
             mfu = f"{m['mfu']:.1%}" if m.get("mfu") is not None else "-"
-            lines.append(f"| {case['model']} | {case['image_size']} | {case['batch']} | {mode} | {fmt(ips)} | {mfu} | {rel} |")
+            lines.append(
+                f"| {case['model']} | {case['image_size']} | {case['batch']} | {mode} | {fmt(ips)} | {mfu} | {rel} |"
+            )
     lines.append("")
     for case in figures.get("results", []):
         modes = case.get("modes", {})
@@ -200,12 +318,16 @@ def bench_lines(figures: dict) -> list[str]:
             ips = modes.get(mode, {}).get("images_per_s")
             if ips and ref:
                 ok = ips / ref >= TARGETS["shards_vs_reference"]
-                lines.append(f"- target {case['model']}@{case['image_size']} from {mode} shards >= 85 % of the bare "
-                             f"model: {ips / ref:.0%} {'MET' if ok else 'NOT MET'}")
+                lines.append(
+                    f"- target {case['model']}@{case['image_size']} from {mode} shards >= 85 % of the bare "
+                    f"model: {ips / ref:.0%} {'MET' if ok else 'NOT MET'}"
+                )
         if case["model"] == "resnet50" and case["image_size"] == 224:
             best = max((m.get("images_per_s") or 0 for k, m in modes.items() if k != "reference"), default=0)
             ok = best >= TARGETS["resnet50_224_images_per_s"]
-            lines.append(f"- target ResNet-50 224 px >= 2,500 images/s on one H100: {fmt(best)} {'MET' if ok else 'NOT MET'}")
+            lines.append(
+                f"- target ResNet-50 224 px >= 2,500 images/s on one H100: {fmt(best)} {'MET' if ok else 'NOT MET'}"
+            )
     for case in figures.get("results", []):
         errors = [("", case["error"])] if case.get("error") else []
         errors += [(f" {mode}", m["error"]) for mode, m in case.get("modes", {}).items() if m.get("error")]
@@ -220,11 +342,16 @@ def write_report(out: Path, report: dict) -> None:
     for path in (out / "report.json", out / "logs" / "report_state.json"):
         path.write_text(json.dumps(report, indent=1))
     v = report.get("versions", {})
-    lines = ["# GPU check report (tools/gpu_check.sh)", "",
-             f"- device: {v.get('device')} ({v.get('gpus')} visible); written {report.get('written')}",
-             f"- versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k not in ("device", "gpus")),
-             f"- commit: {report.get('commit')}", "",
-             "| step | part | result | seconds | box s |", "|---|---|---|---|---|"]
+    lines = [
+        "# GPU check report (tools/gpu_check.sh)",
+        "",
+        f"- device: {v.get('device')} ({v.get('gpus')} visible); written {report.get('written')}",
+        "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k not in ("device", "gpus")),
+        f"- commit: {report.get('commit')}",
+        "",
+        "| step | part | result | seconds | box s |",
+        "|---|---|---|---|---|",
+    ]
     steps = report.get("steps", {})
     for name, r in steps.items():
         lines.append(f"| {name} | {r.get('part')} | {r['status']} | {r['seconds']} | {r['box_s']} |")
@@ -259,12 +386,20 @@ def copy_report(out: Path, dest: Path | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dry-run", action="store_true", help="list the steps with their time boxes, then the "
-                        "CPU dry run of the plumbing (never the GPU)")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the steps with their time boxes, then the CPU dry run of the plumbing (never the GPU)",
+    )
     parser.add_argument("--part", type=int, choices=(1, 2), default=None, help="only this part (each <= 10 min)")
     parser.add_argument("--steps", default=None, help="only these steps (comma separated names)")
-    parser.add_argument("--copy-to", type=Path, default=None, help="after every step, copy the report and the logs "
-                        "here too (e.g. the folder a remote run sends back); runs and installs stay in OUT_DIR")
+    parser.add_argument(
+        "--copy-to",
+        type=Path,
+        default=None,
+        help="after every step, copy the report and the logs "
+        "here too (e.g. the folder a remote run sends back); runs and installs stay in OUT_DIR",
+    )
     parser.add_argument("--impl", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.impl:
@@ -274,22 +409,44 @@ def main(argv: list[str] | None = None) -> int:
 
     py = sys.executable
     wheels = Path(os.environ.get("WHEELS") or REPO / ".whl")
-    out = Path(os.environ.get("OUT_DIR") or (tempfile.mkdtemp(prefix="gpu_check_") if args.dry_run
-                                               else REPO / "benchmarks" / "gpu"))
+    out = Path(
+        os.environ.get("OUT_DIR")
+        or (tempfile.mkdtemp(prefix="gpu_check_") if args.dry_run else REPO / "benchmarks" / "gpu")
+    )
     logs, runs = out / "logs", Path(os.environ.get("RUNS_DIR") or out / "runs")
     site = Path(os.environ.get("SITE_DIR") or out / "site")
     for d in (logs, runs):
         d.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1",
-           "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "PYTHONUNBUFFERED": "1",
+        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    }
     env.pop("PYTHONPATH", None)
-    gpus = int(probe(py, env, "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
-               or 0)
+    gpus = int(
+        probe(py, env, "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)") or 0
+    )
     install_box = INSTALL_BOX_S if gpus else CPU_INSTALL_BOX_S  # a loaded CI machine imports slowly
     if wheels.is_dir():
-        install = Step("install", 0, install_box, f"offline install from {wheels}",
-                       [py, str(REPO / "tools" / "offline_install.py"), "--wheels", str(wheels), "--target", str(site),
-                        "--tree", str(REPO), "--json", str(logs / "install_plan.json")])
+        install = Step(
+            "install",
+            0,
+            install_box,
+            f"offline install from {wheels}",
+            [
+                py,
+                str(REPO / "tools" / "offline_install.py"),
+                "--wheels",
+                str(wheels),
+                "--target",
+                str(site),
+                "--tree",
+                str(REPO),
+                "--json",
+                str(logs / "install_plan.json"),
+            ],
+        )
         print(f"gpu_check: installing from {wheels} into {site} (no index, no deps; torch stays the image's)")
         done = run_step(install, env, logs, runs)
         print((logs / "install.log").read_text(errors="replace"), end="")
@@ -303,8 +460,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run or not gpus:
         list_steps(steps, INSTALL_BOX_S)
     if not gpus or args.dry_run:
-        print("gpu_check: no CUDA device visible: the GPU steps need one (nothing measured)." if not gpus else
-              "gpu_check: --dry-run: the GPU steps are listed, not run.")
+        print(
+            "gpu_check: no CUDA device visible: the GPU steps need one (nothing measured)."
+            if not gpus
+            else "gpu_check: --dry-run: the GPU steps are listed, not run."
+        )
         steps = cpu_steps(py, runs, logs)
         print(f"gpu_check: CPU dry run of the same plumbing (logs in {logs})")
     if args.part:
@@ -316,8 +476,12 @@ def main(argv: list[str] | None = None) -> int:
     previous = next((p for p in (logs / "report_state.json", out / "report.json") if p.exists()), None)
     report = json.loads(previous.read_text()) if previous and not args.dry_run and gpus else {"steps": {}}
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    report.update(versions=versions, commit=commit.stdout.strip() or "unknown (no .git)",
-                  written=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), platform=platform.platform())
+    report.update(
+        versions=versions,
+        commit=commit.stdout.strip() or "unknown (no .git)",
+        written=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        platform=platform.platform(),
+    )
     report["steps"]["install"] = done
     if (logs / "install_plan.json").exists():
         report["install"] = json.loads((logs / "install_plan.json").read_text())
@@ -326,8 +490,13 @@ def main(argv: list[str] | None = None) -> int:
     usable = done["status"] == "PASS" or probe(py, env, "import eigtrain.train; print('ok')") == "ok"
     for step in steps:
         if not usable:
-            report["steps"][step.name] = {"status": "SKIPPED", "seconds": 0, "box_s": step.box_s, "part": step.part,
-                                          "what": step.what + " (the offline install failed)"}
+            report["steps"][step.name] = {
+                "status": "SKIPPED",
+                "seconds": 0,
+                "box_s": step.box_s,
+                "part": step.part,
+                "what": step.what + " (the offline install failed)",
+            }
         else:
             report["steps"][step.name] = result = run_step(step, env, logs, runs)
             print(f"{result['status']} {step.name} ({result['seconds']} s of {step.box_s} s)")
@@ -346,9 +515,13 @@ def main(argv: list[str] | None = None) -> int:
     (out / "summary.txt").write_text("".join(f"{report['steps'][n]['status']} {n}\n" for n in report["steps"]))
     copy_report(out, args.copy_to)
     if not gpus or args.dry_run:
-        print(f"gpu_check: CPU dry run {'OK' if ok else 'FAILED'} (no GPU: nothing measured); report {out / 'REPORT.md'}")
+        print(
+            f"gpu_check: CPU dry run {'OK' if ok else 'FAILED'} (no GPU: nothing measured); report {out / 'REPORT.md'}"
+        )
         return 0 if ok else 1
-    print(f"gpu_check: {'all steps passed' if ok else 'some steps FAILED (see the report)'}; report {out / 'REPORT.md'}")
+    print(
+        f"gpu_check: {'all steps passed' if ok else 'some steps FAILED (see the report)'}; report {out / 'REPORT.md'}"
+    )
     return 0  # the report says what failed; a failing step must not lose the others' figures
 
 

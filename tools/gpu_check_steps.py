@@ -25,8 +25,16 @@ def figures(**values) -> None:
 
 
 def train(runs: Path, *overrides: str) -> None:
-    cmd = [sys.executable, "-m", "eigtrain.train", "experiment=cpu_debug", *QUIET, f"data.root={runs}/digits",
-           "log_every=1", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eigtrain.train",
+        "experiment=cpu_debug",
+        *QUIET,
+        f"data.root={runs}/digits",
+        "log_every=1",
+        *overrides,
+    ]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
 
@@ -60,21 +68,34 @@ def host_syncs(runs: str, device: str = "cuda") -> int:
     Steps 2..20 neither log nor save (step 1 warms up, step 21 logs and saves): at most 1 sync each. On the CPU
     (the dry run): the same run, 5 steps of the tiny CNN, nothing counted (the plumbing only)."""
     import torch
-
     from bench_gpu import write_image_shards
+
     from eigtrain.metrics_log import Throughput
     from eigtrain.train import compose_config, run
 
     cuda = device == "cuda"
     root = write_image_shards(Path(runs) / "png40", 40, 256 if cuda else 64, "png")
     steps = 21 if cuda else 5
-    cfg = compose_config(["experiment=cpu_debug", f"device={device}", *(RESNET if cuda else []), *QUIET,
-                          f"data.root={root}", "data.write_if_missing=null", "data.augment=cifar",
-                          "data.image_size=[32,32]", "data.image_fit=whole", "data.mean=[0.5,0.5,0.5]",
-                          "data.std=[0.25,0.25,0.25]", f"run_dir={runs}/syncs_{device}", f"steps={steps}",
-                          f"log_every={steps}", f"checkpoint_every={steps}"])
+    cfg = compose_config(
+        [
+            "experiment=cpu_debug",
+            f"device={device}",
+            *(RESNET if cuda else []),
+            *QUIET,
+            f"data.root={root}",
+            "data.write_if_missing=null",
+            "data.augment=cifar",
+            "data.image_size=[32,32]",
+            "data.image_fit=whole",
+            "data.mean=[0.5,0.5,0.5]",
+            "data.std=[0.25,0.25,0.25]",
+            f"run_dir={runs}/syncs_{device}",
+            f"steps={steps}",
+            f"log_every={steps}",
+            f"checkpoint_every={steps}",
+        ]
+    )
     marks: list[int] = []
-    caught: list = []
     add = Throughput.add
     Throughput.add = lambda self, *a: (marks.append(len(caught)), add(self, *a))[1]
     if cuda:
@@ -86,8 +107,8 @@ def host_syncs(runs: str, device: str = "cuda") -> int:
         torch.cuda.set_sync_debug_mode("default")
     marks.append(len(caught))
     per_step = [b - a for a, b in zip(marks, marks[1:])]  # per_step[i]: step i + 1
-    sources = sorted({f"{w.filename}:{w.lineno}" for w in caught[marks[1]:marks[-2]]})
-    worst = max(per_step[1:steps - 1], default=None)
+    sources = sorted({f"{w.filename}:{w.lineno}" for w in caught[marks[1] : marks[-2]]})
+    worst = max(per_step[1 : steps - 1], default=None)
     figures(syncs_per_step=per_step, max_in_steps_2_to_20=worst, sync_sources=sources[:20], device=device)
     print("synchronising calls per step:", per_step, "\nfrom:", *sources[:20], sep="\n  ")
     if not cuda:
@@ -102,8 +123,15 @@ def rr_eval(runs: str, *flags: str) -> int:
     device = "cpu" if cpu else "cuda"
     run_dir = runs_dir / "resume_cpu_fp32" if cpu else runs_dir / "rr_run"
     if not cpu:
-        train(runs_dir, "device=cuda", *RESNET, "engine.precision=bf16", "steps=4", "checkpoint_every=4",
-              f"run_dir={run_dir}")
+        train(
+            runs_dir,
+            "device=cuda",
+            *RESNET,
+            "engine.precision=bf16",
+            "steps=4",
+            "checkpoint_every=4",
+            f"run_dir={run_dir}",
+        )
     for module in ("eigtrain.rr_job",) + (() if cpu else ("eigtrain.evaluate",)):
         out = run_dir / module.split(".")[1]
         cmd = [sys.executable, "-m", module, f"run_dir={run_dir}", f"device={device}", f"out={out}"]
@@ -146,8 +174,17 @@ def nccl_syncbn() -> int:
         from torch.nn.modules._functions import SyncBatchNorm as SyncBatchNormFn
 
         x2 = x.detach().clone().requires_grad_(True)
-        y = SyncBatchNormFn.apply(x2, sbn.weight, sbn.bias, sbn.running_mean, sbn.running_var, sbn.eps, sbn.momentum,
-                                  dist.group.WORLD, env.world_size)
+        y = SyncBatchNormFn.apply(
+            x2,
+            sbn.weight,
+            sbn.bias,
+            sbn.running_mean,
+            sbn.running_var,
+            sbn.eps,
+            sbn.momentum,
+            dist.group.WORLD,
+            env.world_size,
+        )
         (g,) = torch.autograd.grad(y.square().sum(), x2)
         found["syncbn_kernels_max_abs_diff"] = [float((y - y_ref).abs().max()), float((g - g_ref).abs().max())]
         found["syncbn_kernels_ok"] = bool(torch.allclose(y, y_ref, atol=1e-4) and torch.allclose(g, g_ref, atol=1e-3))
@@ -174,8 +211,13 @@ def nccl_syncbn() -> int:
     dist.destroy_process_group()
     figures(**found)
     print(json.dumps(found, indent=1))
-    ok = (found["all_reduce_ok"] and found["syncbn_kernels_ok"] is not False and found["parameters_changed"]
-          and all(map(math.isfinite, step_losses)) and found["sync_batch_norm_layers"] > 0)
+    ok = (
+        found["all_reduce_ok"]
+        and found["syncbn_kernels_ok"] is not False
+        and found["parameters_changed"]
+        and all(map(math.isfinite, step_losses))
+        and found["sync_batch_norm_layers"] > 0
+    )
     return 0 if ok else 1
 
 

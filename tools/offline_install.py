@@ -29,8 +29,18 @@ from pathlib import Path
 
 IMAGE_OWNED = ("torch", "torchvision", "numpy", "triton", "pillow", "scipy")  # never shadowed from .whl
 OPTIONAL = {"wandb": "eigtrain logs to metrics.jsonl without it"}
-MODULES = ("eigtrain.train", "eigtrain.rr_job", "eigtrain.evaluate", "eigtrain.engine.deepspeed_zero", "hydra",
-           "omegaconf", "webdataset", "kornia", "deepspeed", "submitit")
+MODULES = (
+    "eigtrain.train",
+    "eigtrain.rr_job",
+    "eigtrain.evaluate",
+    "eigtrain.engine.deepspeed_zero",
+    "hydra",
+    "omegaconf",
+    "webdataset",
+    "kornia",
+    "deepspeed",
+    "submitit",
+)
 MARKER = ".eigtrain-offline-target"  # a target directory we made (and so may empty)
 TREE_FILES = ("pyproject.toml", "setup.py", "README.md", "eigtrain", "configs", "launch")
 
@@ -75,14 +85,18 @@ def plan(wheels: dict[str, tuple[str, str, list[str]]], extra_requires: list[str
     chosen, unmet = {}, []
     for name, (_, version, _) in sorted(wheels.items()):
         have = image_version(name)
-        ok = have is not None and all(r.specifier.contains(Version(have), prereleases=True) for r in requires.get(name, []))
+        ok = have is not None and all(
+            r.specifier.contains(Version(have), prereleases=True) for r in requires.get(name, [])
+        )
         chosen[name] = ("image", have) if ok else (".whl", version)
     for name, reqs in sorted(requires.items()):
         version = chosen[name][1] if name in chosen else image_version(name)
         bad = [str(r) for r in reqs if version is None or not r.specifier.contains(Version(version), prereleases=True)]
         if bad:
             why = OPTIONAL.get(name, "required")
-            unmet.append(f"{name}: {'absent' if version is None else version} does not satisfy {', '.join(bad)} ({why})")
+            unmet.append(
+                f"{name}: {'absent' if version is None else version} does not satisfy {', '.join(bad)} ({why})"
+            )
     return chosen, unmet
 
 
@@ -102,8 +116,20 @@ def install(files: list[Path], target: Path) -> None:
     if not files:
         return
     if has_pip():
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index", "--no-deps",
-               "--no-warn-script-location", "--target", str(target), *map(str, files)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-index",
+            "--no-deps",
+            "--no-warn-script-location",
+            "--target",
+            str(target),
+            *map(str, files),
+        ]
         subprocess.run(cmd, check=True)
         return
     for path in files:  # no pip in the image: a wheel is a zip of its import tree (+ NAME.data/{purelib,platlib})
@@ -131,8 +157,20 @@ def build_from_tree(tree: Path, out: Path, setuptools: Path | None) -> Path | No
         with zipfile.ZipFile(setuptools) as zf:
             zf.extractall(out / "build-tools")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(out / "build-tools"), os.environ.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-index", "--no-deps",
-           "--no-build-isolation", "-w", str(out), str(src)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--disable-pip-version-check",
+        "--no-index",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        str(out),
+        str(src),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         print(f"offline_install: building eigtrain from {tree} failed ({done.stderr.strip().splitlines()[-1:]})")
@@ -142,15 +180,23 @@ def build_from_tree(tree: Path, out: Path, setuptools: Path | None) -> Path | No
 
 def check_imports(target: Path) -> dict[str, str]:
     """{module: 'ok' | error line}, imported in a fresh interpreter with the target first on the path."""
-    code = ("import importlib, json, sys\nres = {}\nfor m in sys.argv[2:]:\n    try:\n        importlib.import_module(m)"
-            "\n        res[m] = 'ok'\n    except BaseException as e:\n        res[m] = f'{type(e).__name__}: {e}'"
-            "\nimport torch\nres['torch from image'] = 'ok' if not torch.__file__.startswith(sys.argv[1]) else torch.__file__"
-            "\nimport eigtrain, importlib.resources as r\nres['eigtrain with its configs'] = 'ok' if "
-            "(r.files('eigtrain.configs') / 'train.yaml').is_file() else f'no configs in {eigtrain.__file__}'"
-            "\nprint(json.dumps(res))")
+    code = (
+        "import importlib, json, sys\nres = {}\nfor m in sys.argv[2:]:\n    try:\n        importlib.import_module(m)"
+        "\n        res[m] = 'ok'\n    except BaseException as e:\n        res[m] = f'{type(e).__name__}: {e}'"
+        "\nimport torch\nres['torch from image'] = 'ok' if not torch.__file__.startswith(sys.argv[1]) else torch.__file__"
+        "\nimport eigtrain, importlib.resources as r\nres['eigtrain with its configs'] = 'ok' if "
+        "(r.files('eigtrain.configs') / 'train.yaml').is_file() else f'no configs in {eigtrain.__file__}'"
+        "\nprint(json.dumps(res))"
+    )
     env = {**os.environ, "PYTHONPATH": str(target)}
-    done = subprocess.run([sys.executable, "-c", code, str(target.resolve()), *MODULES], env=env, capture_output=True,
-                          text=True, timeout=600, cwd=target)  # not a source tree's cwd: it would shadow the install
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(target.resolve()), *MODULES],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=target,
+    )  # not a source tree's cwd: it would shadow the install
     lines = done.stdout.strip().splitlines()
     return json.loads(lines[-1]) if done.returncode == 0 and lines else {"(import check)": done.stderr.strip()[-300:]}
 
@@ -195,11 +241,21 @@ def main(argv: list[str] | None = None) -> int:
     failed = {m: e for m, e in imports.items() if e != "ok"}
     for module, error in failed.items():
         print(f"  import {module}: {error}")
-    print(f"offline_install: {sum(s == '.whl' for s, _ in chosen.values())} packages from {args.wheels}, "
-          f"the rest from the image; target {args.target}; imports {'OK' if not failed else 'FAILED: ' + ', '.join(failed)}")
+    print(
+        f"offline_install: {sum(s == '.whl' for s, _ in chosen.values())} packages from {args.wheels}, "
+        f"the rest from the image; target {args.target}; imports {'OK' if not failed else 'FAILED: ' + ', '.join(failed)}"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"packages": {n: {"from": s, "version": v} for n, (s, v) in chosen.items()},
-                                         "unmet": unmet, "imports": imports}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "packages": {n: {"from": s, "version": v} for n, (s, v) in chosen.items()},
+                    "unmet": unmet,
+                    "imports": imports,
+                },
+                indent=1,
+            )
+        )
     return 0 if imports.get("eigtrain.train") == "ok" else 1
 
 

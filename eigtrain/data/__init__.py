@@ -17,8 +17,21 @@ from .stream_options import StreamOptions
 from .write import write_shards
 
 __all__ = [
-    "BatchAugment", "Corrupt", "CorruptDataError", "ShardError", "ShardIndex", "ShardStream", "StreamOptions",
+    "BatchAugment",
+    "Corrupt",
+    "CorruptDataError",
+    "ShardError",
+    "ShardIndex",
+    "ShardStream",
+    "StreamOptions",
     "ViewRecipe",
-    "build_augment", "expand_shards", "shard_counts",
-    "cifar10_source", "digits_source", "imagefolder_source", "npz_source", "read_index", "write_shards",
+    "build_augment",
+    "expand_shards",
+    "shard_counts",
+    "cifar10_source",
+    "digits_source",
+    "imagefolder_source",
+    "npz_source",
+    "read_index",
+    "write_shards",
 ]

@@ -54,14 +54,20 @@ class BatchAugment(nn.Module):
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
 
-    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None,
-                sizes: torch.Tensor | None = None):
+    def forward(
+        self, images: torch.Tensor, generator: torch.Generator | None = None, sizes: torch.Tensor | None = None
+    ):
         """Two augmented views, float32 (B, C, H', W'), normalized."""
         return self.view(images, generator, 0, sizes), self.view(images, generator, 1, sizes)
 
     @torch.no_grad()
-    def view(self, images: torch.Tensor, generator: torch.Generator | None = None, index: int = 0,
-             sizes: torch.Tensor | None = None) -> torch.Tensor:
+    def view(
+        self,
+        images: torch.Tensor,
+        generator: torch.Generator | None = None,
+        index: int = 0,
+        sizes: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """One augmented view (recipe `index` of the preset) of a uint8 batch (B, C, H, W).
 
         `sizes` (B, 2): each image's valid height and width at the top left of a padded batch (ShardStream with
@@ -98,8 +104,10 @@ class BatchAugment(nn.Module):
             if small:
                 x = resampled[start:stop]
             else:
-                crops = [crop_one(images[start + i], region, box, flip, size, recipe)
-                         for i, (region, box, flip) in enumerate(zip(rows.region, rows.boxes, rows.flip))]
+                crops = [
+                    crop_one(images[start + i], region, box, flip, size, recipe)
+                    for i, (region, box, flip) in enumerate(zip(rows.region, rows.boxes, rows.flip))
+                ]
                 x = torch.stack(crops).float().div_(255)
             out[start:stop] = self._normalize(colour_blur_solarize(x, recipe, rows, select))
         return out

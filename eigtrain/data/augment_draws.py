@@ -16,6 +16,7 @@ from .augment_recipes import ViewRecipe
 class Draws:
     """One view's random parameters for a batch, drawn in a fixed order (the generator advances alike whatever
     the data). Boxes are (x0, y0, w, h) in pixels inside each image's valid (height, width) `region`."""
+
     region: torch.Tensor
     boxes: torch.Tensor
     flip: torch.Tensor
@@ -27,15 +28,28 @@ class Draws:
     def to_host(self) -> "Draws":
         """The per-sample choices as Python lists (factors and sigmas stay tensors)."""
         j, b = self.jitter, self.blur
-        return Draws(self.region.tolist(), self.boxes.tolist(), self.flip.tolist(),
-                      j and (j[0], j[1].tolist(), j[2].tolist()), _list(self.gray), b and (b[0], b[1].tolist()),
-                      _list(self.solarize))
+        return Draws(
+            self.region.tolist(),
+            self.boxes.tolist(),
+            self.flip.tolist(),
+            j and (j[0], j[1].tolist(), j[2].tolist()),
+            _list(self.gray),
+            b and (b[0], b[1].tolist()),
+            _list(self.solarize),
+        )
 
     def rows(self, start: int, stop: int) -> "Draws":
         """The samples start..stop of host draws."""
         cut, j, b = slice(start, stop), self.jitter, self.blur
-        return Draws(self.region[cut], self.boxes[cut], self.flip[cut], j and (j[0][:, cut], j[1][cut], j[2][cut]),
-                      self.gray and self.gray[cut], b and (b[0][cut], b[1][cut]), self.solarize and self.solarize[cut])
+        return Draws(
+            self.region[cut],
+            self.boxes[cut],
+            self.flip[cut],
+            j and (j[0][:, cut], j[1][cut], j[2][cut]),
+            self.gray and self.gray[cut],
+            b and (b[0][cut], b[1][cut]),
+            self.solarize and self.solarize[cut],
+        )
 
 
 def _list(mask: torch.Tensor | None) -> list | None:
@@ -70,8 +84,14 @@ def draw(recipe: ViewRecipe, rand: Sampler, shape, size, sizes: torch.Tensor | N
     draws = Draws(torch.stack([H, W], 1), boxes, flip)
     if recipe.jitter is not None:
         b, c, s, h = recipe.jitter
-        factors = torch.stack([rand.uniform(max(0.0, 1 - b), 1 + b), rand.uniform(max(0.0, 1 - c), 1 + c),
-                               rand.uniform(max(0.0, 1 - s), 1 + s), rand.uniform(-h, h)])
+        factors = torch.stack(
+            [
+                rand.uniform(max(0.0, 1 - b), 1 + b),
+                rand.uniform(max(0.0, 1 - c), 1 + c),
+                rand.uniform(max(0.0, 1 - s), 1 + s),
+                rand.uniform(-h, h),
+            ]
+        )
         order = torch.argsort(rand.uniform(0.0, 1.0, 4), dim=1)
         draws.jitter = (factors, order, rand.bernoulli(recipe.jitter_p))
     if recipe.gray_p > 0 and shape[1] == 3:

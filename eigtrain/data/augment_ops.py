@@ -23,7 +23,7 @@ def crop_one(image: torch.Tensor, region, box, flip: bool, size, recipe: ViewRec
     (H, W), (x0, y0, w, h) = (int(v) for v in region), box
     w, h = min(max(1, round(w)), W), min(max(1, round(h)), H)
     x0, y0 = max(0, min(round(x0), W - w)), max(0, min(round(y0), H - h))
-    crop = image[:, y0:y0 + h, x0:x0 + w]
+    crop = image[:, y0 : y0 + h, x0 : x0 + w]
     if (h, w) != tuple(size):
         mode = recipe.interpolation if recipe.crop_scale is not None else "bilinear"
         crop = F.interpolate(crop[None], size=size, mode=mode, antialias=True, align_corners=False)[0]
@@ -51,11 +51,22 @@ def resample(x: torch.Tensor, recipe: ViewRecipe, draws: Draws, size, sizes) -> 
     return F.grid_sample(x, grid, mode=mode, padding_mode="border", align_corners=False).clamp_(0, 1)
 
 
-def crop_flip_resize(x: torch.Tensor, recipe: ViewRecipe, size: tuple[int, int], rand: Sampler,
-                     sizes: torch.Tensor | None = None) -> torch.Tensor:
+def crop_flip_resize(
+    x: torch.Tensor, recipe: ViewRecipe, size: tuple[int, int], rand: Sampler, sizes: torch.Tensor | None = None
+) -> torch.Tensor:
     """RandomResizedCrop + horizontal flip of a float batch, batched (the accelerator path)."""
-    draws = draw(ViewRecipe(crop_scale=recipe.crop_scale, crop_ratio=recipe.crop_ratio, flip_p=recipe.flip_p,
-                             interpolation=recipe.interpolation), rand, x.shape, size, sizes)
+    draws = draw(
+        ViewRecipe(
+            crop_scale=recipe.crop_scale,
+            crop_ratio=recipe.crop_ratio,
+            flip_p=recipe.flip_p,
+            interpolation=recipe.interpolation,
+        ),
+        rand,
+        x.shape,
+        size,
+        sizes,
+    )
     return resample(x, recipe, draws, size, sizes)
 
 
@@ -96,15 +107,17 @@ def colour_blur_solarize(x: torch.Tensor, recipe: ViewRecipe, draws, pick) -> to
     if draws.blur is not None:
         sigma, apply = draws.blur
         radius = min(math.ceil(3 * recipe.blur_sigma[1]), min(x.shape[-2:]) - 1)  # 3 sigma, within reflect padding
-        x = pick(x, apply, lambda y, s: gaussian_blur2d(y, 2 * radius + 1, s.view(-1, 1).expand(-1, 2).contiguous()),
-                 sigma)
+        x = pick(
+            x, apply, lambda y, s: gaussian_blur2d(y, 2 * radius + 1, s.view(-1, 1).expand(-1, 2).contiguous()), sigma
+        )
     if draws.solarize is not None:
         x = pick(x, draws.solarize, lambda y: torch.where(y >= SOLARIZE_THRESHOLD, 1 - y, y))
     return x
 
 
-def _jitter_folded(x: torch.Tensor, factors: torch.Tensor, order: torch.Tensor, apply: torch.Tensor,
-                   active: list[bool]) -> torch.Tensor:
+def _jitter_folded(
+    x: torch.Tensor, factors: torch.Tensor, order: torch.Tensor, apply: torch.Tensor, active: list[bool]
+) -> torch.Tensor:
     """The accelerator path's colour jitter: at each of the four positions of the samples' orders, brightness,
     contrast and saturation are one blend ``f*x + (1-f)*target`` (target 0, the mean gray or the gray image; f = 1
     where a sample does none of them), then hue where chosen: 4 whole-batch blends instead of 12 evaluations and

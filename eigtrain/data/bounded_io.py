@@ -45,8 +45,15 @@ class _BoundedRaw(io.RawIOBase):
     """A blocking binary stream whose every read ends within `timeout_s`; on a stall `abort()` unblocks the source
     and the read raises `TimeoutError`. `at_end()` runs once the source is exhausted (a pipe's exit status)."""
 
-    def __init__(self, source, timeout_s: float, url: str, abort: Callable[[], None],
-                 at_end: Callable[[], None] = lambda: None, on_close: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        source,
+        timeout_s: float,
+        url: str,
+        abort: Callable[[], None],
+        at_end: Callable[[], None] = lambda: None,
+        on_close: Callable[[], None] = lambda: None,
+    ):
         self.source, self.timeout_s, self.url = source, timeout_s, url
         self._abort, self._at_end, self._on_close = abort, at_end, on_close
 
@@ -74,6 +81,7 @@ class _BoundedRaw(io.RawIOBase):
 
 def bounded(source, timeout_s: float, url: str) -> io.BufferedReader:
     """A file object (fsspec, webdataset's gopen) with every read bounded by `timeout_s`."""
+
     def shut():
         try:
             source.close()
@@ -87,9 +95,10 @@ def open_pipe(url: str, timeout_s: float) -> io.BufferedReader:
     """The stdout of the shell command of ``pipe:CMD`` (it runs a shell command, as webdataset's pipe: does),
     every read bounded; a command that exits with a non-zero status makes the read fail naming it, so a cut
     transfer (``curl`` failing midway) is never taken for a complete shard."""
-    command = url[len("pipe:"):]
-    proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, bufsize=0,
-                            start_new_session=True)  # unbuffered: a read returns what the pipe holds, not 1 MiB
+    command = url[len("pipe:") :]
+    proc = subprocess.Popen(
+        command, shell=True, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, bufsize=0, start_new_session=True
+    )  # unbuffered: a read returns what the pipe holds, not 1 MiB
 
     def kill():  # the command's whole process group (started as a session): the shell's children too
         if proc.poll() is None:
@@ -112,5 +121,6 @@ def open_pipe(url: str, timeout_s: float) -> io.BufferedReader:
         proc.stdout.close()
         kill()  # read to the end: long gone; closed early by the reader: not needed any more
 
-    return io.BufferedReader(_BoundedRaw(proc.stdout, timeout_s, url, abort=kill, at_end=exit_status,
-                                         on_close=close), BUFFER_BYTES)
+    return io.BufferedReader(
+        _BoundedRaw(proc.stdout, timeout_s, url, abort=kill, at_end=exit_status, on_close=close), BUFFER_BYTES
+    )

@@ -23,8 +23,9 @@ try:  # libpng / libjpeg-turbo straight into tensors: 1.5-3x faster than PIL on 
     from torchvision.io import ImageReadMode, decode_image
 
     # deprecated since torchvision 0.29 in favour of TorchCodec; PIL below takes over once it is removed
-    warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
-                            category=DeprecationWarning)
+    warnings.filterwarnings(
+        "ignore", message="The image decoding and encoding capabilities of TorchVision", category=DeprecationWarning
+    )
 except ImportError:
     decode_image = None
 
@@ -156,8 +157,9 @@ def decode_image_bytes(data: bytes, channels: int, size: tuple[int, int] | None,
     return decode_image_sized(data, channels, size, fit)[0]
 
 
-def decode_image_sized(data: bytes, channels: int, size: tuple[int, int] | None,
-                       fit: str = "cover") -> tuple[torch.Tensor, tuple[int, int]]:
+def decode_image_sized(
+    data: bytes, channels: int, size: tuple[int, int] | None, fit: str = "cover"
+) -> tuple[torch.Tensor, tuple[int, int]]:
     image = None
     if size is not None and data[:2] == JPEG_MAGIC:
         image = _pil_draft_decode(data, channels, size, fit)

@@ -1,9 +1,9 @@
 """The ``data`` config group -> checks, shard preparation and the ShardStream of a training run.
 
-    check_data(cfg.data, world_size, per_rank_batch)      # cheap, also on a login node before submission
-    x_shape, a_shape = prepare_data(cfg.data, rank, cache_dir=run_dir / "data", barrier=dist.barrier)
-    stream = build_stream(cfg.data, batch_size=..., rank=..., world_size=..., seed=..., device=device,
-                          cache_dir=run_dir / "data")
+check_data(cfg.data, world_size, per_rank_batch)      # cheap, also on a login node before submission
+x_shape, a_shape = prepare_data(cfg.data, rank, cache_dir=run_dir / "data", barrier=dist.barrier)
+stream = build_stream(cfg.data, batch_size=..., rank=..., world_size=..., seed=..., device=device,
+                      cache_dir=run_dir / "data")
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ def uses_shards(data) -> bool:
 
 
 VAL_SPLIT = "val"
-NO_VAL_SHARDS = ("split 'val' of data trained from data.shards needs held-out shards: give data.val_shards=PATTERN "
-                 "(a pattern or list, read like data.shards); the training shards are never scored as validation")
+NO_VAL_SHARDS = (
+    "split 'val' of data trained from data.shards needs held-out shards: give data.val_shards=PATTERN "
+    "(a pattern or list, read like data.shards); the training shards are never scored as validation"
+)
 
 
 def split_shards(data, split: str) -> tuple[str, Any]:
@@ -50,14 +52,18 @@ def split_shards(data, split: str) -> tuple[str, Any]:
     if split == data.split:
         return "data.shards", data.shards
     if split != VAL_SPLIT:
-        raise DataConfigError(f"split {split!r} does not exist for data.shards: data.shards is split "
-                              f"{data.split!r} and data.val_shards split {VAL_SPLIT!r}")
+        raise DataConfigError(
+            f"split {split!r} does not exist for data.shards: data.shards is split "
+            f"{data.split!r} and data.val_shards split {VAL_SPLIT!r}"
+        )
     if not data.val_shards:
         raise DataConfigError(NO_VAL_SHARDS)
     shared = set(expand_shards(_listed(data.shards))) & set(expand_shards(_listed(data.val_shards)))
     if shared:
-        raise DataConfigError(f"data.val_shards shares {len(shared)} shard(s) with data.shards, e.g. "
-                              f"{redact_url(min(shared))}: validation shards must be held out from training")
+        raise DataConfigError(
+            f"data.val_shards shares {len(shared)} shard(s) with data.shards, e.g. "
+            f"{redact_url(min(shared))}: validation shards must be held out from training"
+        )
     return "data.val_shards", data.val_shards
 
 
@@ -85,14 +91,17 @@ def check_data(data, world_size: int, per_rank_batch: int) -> None:
             raise DataConfigError(f"data.{key} must be an integer >= {low}, got {value!r}")
     if uses_shards(data):
         if data.image_size is None and data.view_size is None:
-            raise DataConfigError("data.shards needs data.image_size (images of any size are brought to it in the "
-                                  "workers; image_fit=whole keeps the whole image for the random crops)")
+            raise DataConfigError(
+                "data.shards needs data.image_size (images of any size are brought to it in the "
+                "workers; image_fit=whole keeps the whole image for the random crops)"
+            )
         urls = expand_shards(_listed(data.shards))
         for key, listed in (("data.shards", urls), ("data.val_shards", _val_urls(data))):
             missing = [u for u in listed if (p := local_path(u)) is not None and not p.is_file()]
             if missing:
-                raise DataConfigError(f"{len(missing)} of the {len(listed)} shards of {key} do not exist, e.g. "
-                                      f"{missing[0]}")
+                raise DataConfigError(
+                    f"{len(missing)} of the {len(listed)} shards of {key} do not exist, e.g. {missing[0]}"
+                )
         try:  # counts from an index only (never a scan here); without one the stream checks at start-up
             counts = known_counts(urls, data.shard_index, float(data.io_timeout_s))
         except (OSError, ValueError, KeyError):
@@ -101,13 +110,15 @@ def check_data(data, world_size: int, per_rank_batch: int) -> None:
             _check_batches(sum(counts[u] for u in urls), "data.shards", data, world_size, per_rank_batch)
         return
     if data.val_shards:
-        raise DataConfigError("data.val_shards goes with data.shards; with data.root the validation data is the "
-                              "split 'val' of its index")
+        raise DataConfigError(
+            "data.val_shards goes with data.shards; with data.root the validation data is the split 'val' of its index"
+        )
     root = Path(data.root)
     if not (root / INDEX_NAME).is_file():
         return  # written later (write_if_missing) or reported by the stream with the command that writes it
-    _check_batches(read_index(root).num_samples(data.split), f"split {data.split!r} of {root}", data, world_size,
-                   per_rank_batch)
+    _check_batches(
+        read_index(root).num_samples(data.split), f"split {data.split!r} of {root}", data, world_size, per_rank_batch
+    )
 
 
 def _val_urls(data) -> list[str]:
@@ -128,7 +139,8 @@ def _check_batches(samples: int, where: str, data, world_size: int, per_rank_bat
     if samples // (world_size * workers) < per_rank_batch:
         raise DataConfigError(
             f"{where} has {samples} samples, fewer than one batch per reader slot: world_size x num_workers x "
-            f"per-rank batch = {world_size} x {workers} x {per_rank_batch}; lower data.num_workers or batch_size")
+            f"per-rank batch = {world_size} x {workers} x {per_rank_batch}; lower data.num_workers or batch_size"
+        )
 
 
 def prepare_data(data, rank: int, cache_dir: Path | None = None, barrier: Callable[[], None] = lambda: None):
@@ -165,33 +177,62 @@ def _write_demo(data, root: Path) -> None:
             f"data.root={root} has files but no {INDEX_NAME}: data.write_if_missing={data.write_if_missing} only writes "
             f"the demo shards into a new or empty directory, never into a directory that holds other data. For "
             f"webdataset shards written by other tools use data.shards='{root}/<name>-{{000000..000099}}.tar' "
-            f"(and data.write_if_missing=null)")
+            f"(and data.write_if_missing=null)"
+        )
     from .write import main as write_shards_cli
 
     write_shards_cli([f"source={data.write_if_missing}", f"out={root}", f"shard_size={data.shard_size}"])
 
 
-def build_stream(data, *, batch_size: int, rank: int, world_size: int, seed: int, device: torch.device,
-                 cache_dir: Path | None = None, split: str | None = None, num_workers: int | None = None,
-                 one_pass: bool = False) -> ShardStream:
+def build_stream(
+    data,
+    *,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    device: torch.device,
+    cache_dir: Path | None = None,
+    split: str | None = None,
+    num_workers: int | None = None,
+    one_pass: bool = False,
+) -> ShardStream:
     """The training stream of the `data` config on `device` (pinned memory and nvJPEG decoding follow it); with
     `one_pass`, every sample of `split` exactly once across ranks and workers (embedding, Rayleigh-Ritz)."""
     device, data = torch.device(device), typed(DataConfig, data)
     pin = data.pin_memory
     common = dict(
-        split=split or data.split, batch_size=batch_size, rank=rank, world_size=world_size,
-        num_workers=data.num_workers if num_workers is None else num_workers, seed=seed, mode=data.mode,
-        image_size=data.image_size, resampled=data.resampled and not one_pass, one_pass=one_pass,
-        max_corrupt=data.max_corrupt, shuffle_block=data.shuffle_block,
-        pin_memory=device.type == "cuda" if pin is None else bool(pin), prefetch_factor=data.prefetch_factor,
-        persistent_workers=data.persistent_workers, image_fit=data.image_fit,
-        mix_shards=data.mix_shards, io_timeout_s=float(data.io_timeout_s),
+        split=split or data.split,
+        batch_size=batch_size,
+        rank=rank,
+        world_size=world_size,
+        num_workers=data.num_workers if num_workers is None else num_workers,
+        seed=seed,
+        mode=data.mode,
+        image_size=data.image_size,
+        resampled=data.resampled and not one_pass,
+        one_pass=one_pass,
+        max_corrupt=data.max_corrupt,
+        shuffle_block=data.shuffle_block,
+        pin_memory=device.type == "cuda" if pin is None else bool(pin),
+        prefetch_factor=data.prefetch_factor,
+        persistent_workers=data.persistent_workers,
+        image_fit=data.image_fit,
+        mix_shards=data.mix_shards,
+        io_timeout_s=float(data.io_timeout_s),
         jpeg_device=choose_jpeg_device(data.decode, device) if data.mode == "views" else None,
     )
     if uses_shards(data):
         key, shards = split_shards(data, common["split"])
-        options = StreamOptions(shards_key=key, image_key=_listed(data.image_key), label_key=data.label_key,
-                                x_key=_listed(data.x_key), a_key=_listed(data.a_key), cache_dir=cache_dir,
-                                shard_index=data.shard_index, **common)
+        options = StreamOptions(
+            shards_key=key,
+            image_key=_listed(data.image_key),
+            label_key=data.label_key,
+            x_key=_listed(data.x_key),
+            a_key=_listed(data.a_key),
+            cache_dir=cache_dir,
+            shard_index=data.shard_index,
+            **common,
+        )
         return ShardStream(shards=_listed(shards), options=options)
     return ShardStream(data.root, StreamOptions(**common))

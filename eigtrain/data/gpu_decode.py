@@ -60,8 +60,10 @@ def choose_jpeg_device(setting: str, device: torch.device | str) -> torch.device
     if setting == "cuda":
         problem = "the run is not on a CUDA device" if device.type != "cuda" else nvjpeg_problem(str(device))
         if problem:
-            raise ValueError(f"data.decode=cuda needs torchvision's nvJPEG decoder on the run's CUDA device, but "
-                             f"{problem}; use data.decode=cpu")
+            raise ValueError(
+                f"data.decode=cuda needs torchvision's nvJPEG decoder on the run's CUDA device, but "
+                f"{problem}; use data.decode=cpu"
+            )
         return device
     return device if device.type == "cuda" and nvjpeg_available(str(device)) else None
 

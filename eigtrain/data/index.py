@@ -33,9 +33,7 @@ class ShardIndex:
     def shards(self, split: str) -> list[tuple[str, int]]:
         """(file name, sample count) of every shard of `split`, sorted by name."""
         if split not in self.splits:
-            raise ValueError(
-                f"split {split!r} is not in {self.root / INDEX_NAME}; available: {sorted(self.splits)}"
-            )
+            raise ValueError(f"split {split!r} is not in {self.root / INDEX_NAME}; available: {sorted(self.splits)}")
         shards = sorted(self.splits[split].items())
         if not shards or sum(n for _, n in shards) == 0:
             raise ValueError(f"split {split!r} in {self.root / INDEX_NAME} has no samples")

@@ -43,4 +43,5 @@ def check_saved_sources(data, keys: Collection[str], given: Collection[str], all
             raise PipeNotAllowed(
                 f"data.{key} in {config} is a pipe: source, which runs a shell command; eigtrain does not run "
                 f"commands read back from a run's files: pass data.{key}=... on the command line, or "
-                f"data.allow_pipe=true to run the saved one")
+                f"data.allow_pipe=true to run the saved one"
+            )

@@ -87,8 +87,14 @@ def epoch_shard_order(shards: list[tuple[str, int]], seed: int, restart: int, ep
 
 
 def train_epoch_tasks(
-    shards: list[tuple[str, int]], slot: int, num_slots: int, per_slot: int,
-    seed: int, restart: int, epoch: int, resampled: bool,
+    shards: list[tuple[str, int]],
+    slot: int,
+    num_slots: int,
+    per_slot: int,
+    seed: int,
+    restart: int,
+    epoch: int,
+    resampled: bool,
 ) -> list[ReadTask]:
     """The `per_slot` samples of `slot` in training epoch `epoch`."""
     if not resampled:

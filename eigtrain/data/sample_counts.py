@@ -105,8 +105,12 @@ def _keyed_by(urls: list[str], counts: dict[str, int]) -> dict[str, int]:
 def _read_eigtrain_counts(location: str, timeout_s: float) -> dict[str, int]:
     with open_url(location, min(timeout_s, 10.0)) as f:
         raw = json.loads(f.read())
-    return {_resolve(location, name): int(n) for split, shards in raw.items() if split != "meta"
-            for name, n in shards.items()}
+    return {
+        _resolve(location, name): int(n)
+        for split, shards in raw.items()
+        if split != "meta"
+        for name, n in shards.items()
+    }
 
 
 def shard_counts(
@@ -182,8 +186,11 @@ def _scanned_counts(urls: list[str], cache_dir, timeout_s: float, threads: int) 
         if cached.get("urls") == names and cached.get("versions") == versions:
             return dict(zip(urls, cached["counts"]))
         log.warning("shard count cache %s does not match the shards (changed or re-uploaded): scanning again", cache)
-    log.info("counting the samples of %d shards (one read of each; cached%s)", len(urls),
-             f" in {cache}" if cache else " nowhere: pass a cache directory")
+    log.info(
+        "counting the samples of %d shards (one read of each; cached%s)",
+        len(urls),
+        f" in {cache}" if cache else " nowhere: pass a cache directory",
+    )
     with ThreadPoolExecutor(max(1, min(threads, len(urls)))) as pool:
         counts = list(pool.map(lambda u: count_samples(u, timeout_s), urls))
     if cache is not None:

@@ -30,9 +30,8 @@ import webdataset as wds
 from braceexpand import braceexpand
 from webdataset.gopen import gopen_schemes
 
-from .bounded_io import bounded, call_within, open_pipe
-
 from ..redact import redact_url
+from .bounded_io import bounded, call_within, open_pipe
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +108,7 @@ def open_url(url: str, timeout_s: float = DEFAULT_TIMEOUT_S):
 
 
 def backoff_s(attempt: int) -> float:
-    return 0.25 * 2 ** attempt
+    return 0.25 * 2**attempt
 
 
 def _open_remote(url: str, timeout_s: float):
@@ -190,9 +189,16 @@ def count_samples(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
             except Exception:  # a pipe: command's exit status; the error above already names the shard
                 pass
         if attempt < retries:
-            log.warning("reading shard %s failed after %d samples (%s); reading it again (%d/%d)", url, n, error,
-                        attempt + 1, retries)
+            log.warning(
+                "reading shard %s failed after %d samples (%s); reading it again (%d/%d)",
+                url,
+                n,
+                error,
+                attempt + 1,
+                retries,
+            )
             time.sleep(backoff_s(attempt))
     raise ShardError(
         f"shard {url} cannot be read to its end after {n} samples ({error}): it is truncated or unreachable; "
-        f"repair it or leave it out of data.shards")
+        f"repair it or leave it out of data.shards"
+    )

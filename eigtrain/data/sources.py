@@ -80,8 +80,14 @@ def digits_source(val_fraction: float = 0.2, seed: int = 0) -> Source:
             yield {"__key__": f"digits-{i:04d}", "png": png_bytes(images[i]), "cls": int(labels[i])}
 
     splits = {name: samples(idx) for name, idx in split_indices(len(images), val_fraction, seed).items()}
-    meta = dict(mode="views", channels=1, image_shape=[1, 8, 8], labels=True, num_classes=10,
-                classes=[str(c) for c in range(10)])
+    meta = dict(
+        mode="views",
+        channels=1,
+        image_shape=[1, 8, 8],
+        labels=True,
+        num_classes=10,
+        classes=[str(c) for c in range(10)],
+    )
     return Source("digits", splits, meta)
 
 
@@ -130,8 +136,11 @@ def cifar10_source(path: str | Path, seed: int = 0) -> Source:
     arrays = {}
     for split, batch_files in files.items():  # read everything first: bad input fails before any writing
         parts = [read_cifar_batch(f) for f in batch_files]
-        arrays[split] = [(f.name, i, image, label) for f, (images, labels) in zip(batch_files, parts)
-                         for i, (image, label) in enumerate(zip(images, labels))]
+        arrays[split] = [
+            (f.name, i, image, label)
+            for f, (images, labels) in zip(batch_files, parts)
+            for i, (image, label) in enumerate(zip(images, labels))
+        ]
     classes = [str(c) for c in range(10)]
     if (root / "batches.meta").is_file():
         names = _read_pickle(root / "batches.meta").get(b"label_names")
@@ -145,8 +154,7 @@ def cifar10_source(path: str | Path, seed: int = 0) -> Source:
 
     rng = np.random.default_rng(seed)
     splits = {split: samples(recs, rng.permutation(len(recs))) for split, recs in arrays.items()}
-    meta = dict(mode="views", channels=3, image_shape=[3, 32, 32], labels=True, num_classes=10,
-                classes=classes)
+    meta = dict(mode="views", channels=3, image_shape=[3, 32, 32], labels=True, num_classes=10, classes=classes)
     return Source("cifar10", splits, meta)
 
 
@@ -195,13 +203,15 @@ def imagefolder_source(path: str | Path, seed: int = 0) -> Source:
         for class_dir in sorted(d for d in split_dir.iterdir() if d.is_dir()):
             if class_dir.name not in class_index:
                 raise ValueError(f"imagefolder source: class folder {class_dir} is not among the train classes")
-            items += [(f, class_index[class_dir.name]) for f in sorted(class_dir.iterdir())
-                      if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES]
+            items += [
+                (f, class_index[class_dir.name])
+                for f in sorted(class_dir.iterdir())
+                if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES
+            ]
         if not items:
             raise ValueError(f"imagefolder source: no images under {split_dir}")
         splits[split] = _folder_samples(root, split, [items[j] for j in rng.permutation(len(items))])
-    meta = dict(mode="views", channels=3, image_shape=None, labels=True,
-                num_classes=len(classes), classes=classes)
+    meta = dict(mode="views", channels=3, image_shape=None, labels=True, num_classes=len(classes), classes=classes)
     return Source("imagefolder", splits, meta)
 
 
@@ -250,7 +260,9 @@ def npz_source(path: str | Path, val_fraction: float = 0.2, seed: int = 0) -> So
     y_name = next((k for k in ("y", "labels") if k in arrays), None)
     labels = None if y_name is None else np.asarray(arrays[y_name])
     if labels is not None and (labels.shape != (n,) or not np.issubdtype(labels.dtype, np.integer)):
-        raise ValueError(f"npz source: {file}: {y_name!r} must be ({n},) integers, got {labels.dtype}{list(labels.shape)}")
+        raise ValueError(
+            f"npz source: {file}: {y_name!r} must be ({n},) integers, got {labels.dtype}{list(labels.shape)}"
+        )
     a = arrays.get("a")
     if a is not None and len(a) != n:
         raise ValueError(f"npz source: {file}: 'a' has {len(a)} rows but {x_name!r} has {n}")
@@ -272,8 +284,13 @@ def npz_source(path: str | Path, val_fraction: float = 0.2, seed: int = 0) -> So
             yield sample
 
     splits = {name: samples(idx) for name, idx in split_indices(n, val_fraction, seed).items()}
-    meta = dict(mode="views" if a is None else "pairs", channels=int(x.shape[1]), image_shape=list(x.shape[1:]),
-                labels=labels is not None, num_classes=None if labels is None else int(labels.max()) + 1)
+    meta = dict(
+        mode="views" if a is None else "pairs",
+        channels=int(x.shape[1]),
+        image_shape=list(x.shape[1:]),
+        labels=labels is not None,
+        num_classes=None if labels is None else int(labels.max()) + 1,
+    )
     if a is not None:
         meta["a_kind"] = "vector" if a_is_vector else "image"
         meta["a_shape"] = list(a.shape[1:])

@@ -84,8 +84,13 @@ class ShardStream:
     doc each.
     """
 
-    def __init__(self, root: str | os.PathLike | None = None, options: StreamOptions | None = None, *,
-                 shards: str | list[str] | None = None):
+    def __init__(
+        self,
+        root: str | os.PathLike | None = None,
+        options: StreamOptions | None = None,
+        *,
+        shards: str | list[str] | None = None,
+    ):
         if (root is None) == (shards is None):
             raise ValueError("give exactly one of root (an eigtrain shard directory) and shards (a pattern or list)")
         o = self.options = options or StreamOptions()  # validated when made
@@ -123,7 +128,11 @@ class ShardStream:
             log.warning(
                 "%s: %d shards for world_size x num_workers = %d x %d reader slots: slots share shards (each "
                 "reads and discards the samples before its range); more, smaller shards read less",
-                self.where, len(self.shards), world_size, self.workers)
+                self.where,
+                len(self.shards),
+                world_size,
+                self.workers,
+            )
         if o.one_pass:
             slots = range(rank * self.workers, (rank + 1) * self.workers)
             sizes = [sum(map(len, plan.one_pass_tasks(self.shards, s, self.num_slots))) for s in slots]
@@ -149,9 +158,8 @@ class ShardStream:
     def _decode_spec(self, meta: dict) -> DecodeSpec:
         stored = meta.get("mode", "views")
         if stored != self.mode:
-            raise ValueError(
-                f"{self.root} holds {stored} data but the stream was asked for mode={self.mode!r}"
-            )
+            raise ValueError(f"{self.root} holds {stored} data but the stream was asked for mode={self.mode!r}")
+
         def shape(stored, channels):  # of one image; only used to shape an empty batch
             if self.image_size is not None:
                 return (channels, *self.image_size)
@@ -164,20 +172,50 @@ class ShardStream:
         a_shape = tuple(a_stored or [0]) if a_kind == "vector" else shape(a_stored, a_channels)
         image_keys = IMAGE_EXTS if self.mode == "views" else tuple("x." + e for e in IMAGE_EXTS)
         a_keys = ("a.npy",) if a_kind == "vector" else tuple("a." + e for e in IMAGE_EXTS)
-        return DecodeSpec(self.mode, channels, image_keys, "cls" if meta.get("labels", False) else None, a_keys,
-                          a_kind, a_channels, self.image_size, self.image_fit, shape(meta.get("image_shape"), channels),
-                          a_shape, defer_jpeg=self.jpeg_device is not None)
+        return DecodeSpec(
+            self.mode,
+            channels,
+            image_keys,
+            "cls" if meta.get("labels", False) else None,
+            a_keys,
+            a_kind,
+            a_channels,
+            self.image_size,
+            self.image_fit,
+            shape(meta.get("image_shape"), channels),
+            a_shape,
+            defer_jpeg=self.jpeg_device is not None,
+        )
 
     def _foreign_spec(self, image_key, label_key, x_key, a_key) -> DecodeSpec:
         """Fields of shards other tools wrote: RGB images under configurable member names."""
         size = (3, *self.image_size) if self.image_size else (3, 0, 0)
         if self.mode == "views":
-            return DecodeSpec("views", 3, parse_keys(image_key, IMAGE_EXTS), label_key, image_size=self.image_size,
-                              fit=self.image_fit, empty_image_shape=size, defer_jpeg=self.jpeg_device is not None)
+            return DecodeSpec(
+                "views",
+                3,
+                parse_keys(image_key, IMAGE_EXTS),
+                label_key,
+                image_size=self.image_size,
+                fit=self.image_fit,
+                empty_image_shape=size,
+                defer_jpeg=self.jpeg_device is not None,
+            )
         a_keys = parse_keys(a_key, tuple("a." + e for e in IMAGE_EXTS) + ("a.npy",))
         a_kind = "vector" if all(k.endswith("npy") for k in a_keys) else "image"
-        return DecodeSpec("pairs", 3, parse_keys(x_key, tuple("x." + e for e in IMAGE_EXTS)), label_key, a_keys,
-                          a_kind, 3, self.image_size, "cover", size, size if a_kind == "image" else (0,))
+        return DecodeSpec(
+            "pairs",
+            3,
+            parse_keys(x_key, tuple("x." + e for e in IMAGE_EXTS)),
+            label_key,
+            a_keys,
+            a_kind,
+            3,
+            self.image_size,
+            "cover",
+            size,
+            size if a_kind == "image" else (0,),
+        )
 
     # -------------------------------------------------------------------------------------------- iteration
 
@@ -195,9 +233,15 @@ class ShardStream:
             # every read is bounded by io_timeout_s; this bounds the rest (a worker that stalls elsewhere), and is
             # longer than the slowest batch bounded reads allow: each of mix_shards readers stalling every attempt
             timeout = self.io_timeout_s * (self.mix_shards * (NETWORK_RETRIES + 1) + 2)
-            loader = DataLoader(dataset, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory,
-                                prefetch_factor=self.prefetch_factor, persistent_workers=self.persistent_workers,
-                                timeout=timeout)
+            loader = DataLoader(
+                dataset,
+                batch_size=None,
+                num_workers=self.num_workers,
+                pin_memory=self.pin_memory,
+                prefetch_factor=self.prefetch_factor,
+                persistent_workers=self.persistent_workers,
+                timeout=timeout,
+            )
             batches = _named_timeout(iter(loader), self.where, timeout)
         decoder = None
         if self.jpeg_device is not None:
@@ -219,8 +263,14 @@ class ShardStream:
                     f"{self._corrupt} unusable samples in {self.where}, more than "
                     f"max_corrupt={self.max_corrupt}; the last: shard {c.shard}, key {c.key}: {c.reason}"
                 )
-            log.warning("skipping unusable sample %d/%d: shard %s, key %s: %s",
-                        self._corrupt, self.max_corrupt, c.shard, c.key, c.reason)
+            log.warning(
+                "skipping unusable sample %d/%d: shard %s, key %s: %s",
+                self._corrupt,
+                self.max_corrupt,
+                c.shard,
+                c.key,
+                c.reason,
+            )
 
     @property
     def corrupt_count(self) -> int:
@@ -233,10 +283,17 @@ class ShardStream:
 
     def state_dict(self) -> dict:
         return {
-            "version": STATE_VERSION, "split": self.split, "num_samples": self.num_samples,
-            "seed": self.seed, "resampled": self.resampled, "one_pass": self.one_pass,
-            "layout": self._layout(), "batches_per_epoch": self.batches_per_epoch,
-            "batches": self._batches, "restart": self._restart, "corrupt": self._corrupt,
+            "version": STATE_VERSION,
+            "split": self.split,
+            "num_samples": self.num_samples,
+            "seed": self.seed,
+            "resampled": self.resampled,
+            "one_pass": self.one_pass,
+            "layout": self._layout(),
+            "batches_per_epoch": self.batches_per_epoch,
+            "batches": self._batches,
+            "restart": self._restart,
+            "corrupt": self._corrupt,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -271,8 +328,12 @@ class ShardStream:
         self._restart = state["restart"] + 1
         log.warning(
             "stream layout changed from (world_size, num_workers, batch_size) = %s to %s: resuming epoch %d at "
-            "batch %d of %d with a new shuffle; this resume is not exact", state["layout"], self._layout(),
-            epoch, done_new, self.batches_per_epoch,
+            "batch %d of %d with a new shuffle; this resume is not exact",
+            state["layout"],
+            self._layout(),
+            epoch,
+            done_new,
+            self.batches_per_epoch,
         )
 
 
@@ -283,5 +344,7 @@ def _named_timeout(batches: Iterator[dict], where: str, timeout_s: float) -> Ite
     except RuntimeError as exn:
         if "DataLoader timed out" not in str(exn):
             raise
-        raise TimeoutError(f"the data workers of {where} delivered no batch for {timeout_s:g} s (a stalled or very "
-                           f"slow source; the bound follows data.io_timeout_s)") from None
+        raise TimeoutError(
+            f"the data workers of {where} delivered no batch for {timeout_s:g} s (a stalled or very "
+            f"slow source; the bound follows data.io_timeout_s)"
+        ) from None

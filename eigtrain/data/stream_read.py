@@ -59,8 +59,9 @@ class WorkerPipeline(IterableDataset):
         per_epoch = self.per_slot // self.batch_size
         epoch, first = divmod(start, per_epoch)
         for epoch in count(epoch):
-            tasks = plan.train_epoch_tasks(self.shards, slot, self.num_slots, self.per_slot, self.seed,
-                                           self.restart, epoch, self.resampled)
+            tasks = plan.train_epoch_tasks(
+                self.shards, slot, self.num_slots, self.per_slot, self.seed, self.restart, epoch, self.resampled
+            )
             samples = self._shuffled(tasks, slot, epoch, first * self.batch_size)
             yield from _chunks(samples, self.batch_size)
             first = 0
@@ -79,7 +80,7 @@ class WorkerPipeline(IterableDataset):
                 return
             perm = plan.block_permutation(self.seed, self.restart, epoch, slot, b, len(chunk))
             chunk = [chunk[i] for i in perm]
-            yield from (chunk[start - first * block:] if b == first else chunk)
+            yield from (chunk[start - first * block :] if b == first else chunk)
 
     def _mixed(self, tasks: list[plan.ReadTask], start: int) -> Iterator[dict | Corrupt]:
         """The tasks read `mix_shards` at a time side by side (`plan.mix_order`), from position `start` on."""
@@ -136,8 +137,14 @@ def read_shard(task: plan.ReadTask, timeout_s: float = DEFAULT_TIMEOUT_S) -> Ite
         except Exception as exn:  # truncated or unreadable tar: what was read stays valid
             error = f"{type(exn).__name__}: {exn}"
         if attempt < retries and position < task.stop:
-            log.warning("reading shard %s failed after %d samples (%s); reopening it (%d/%d)", task.shard,
-                        position, error, attempt + 1, retries)
+            log.warning(
+                "reading shard %s failed after %d samples (%s); reopening it (%d/%d)",
+                task.shard,
+                position,
+                error,
+                attempt + 1,
+                retries,
+            )
             time.sleep(0.5 * (attempt + 1))
     for missing in range(max(position, task.start), task.stop):
         where = f"sample #{missing} (after key {last_key!r})" if last_key else f"sample #{missing}"

@@ -32,7 +32,6 @@ from ..cli import compose_dataclass
 from .index import INDEX_NAME, ShardIndex, read_index, write_index
 from .sources import Source, cifar10_source, digits_source, imagefolder_source, npz_source
 
-
 _SHARD_NAME = re.compile(r"^[A-Za-z0-9_.-]+-\d{6}\.tar$")  # what _ShardFile names a shard: <split>-NNNNNN.tar
 
 
@@ -65,7 +64,8 @@ def write_shards(
     elif out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(
             f"out={out} is not empty and holds no eigtrain shards (no {INDEX_NAME}): refusing to write into it "
-            f"(nothing was changed there); choose a new or empty directory")
+            f"(nothing was changed there); choose a new or empty directory"
+        )
     out.mkdir(parents=True, exist_ok=True)
 
     split_of_key: dict[str, str] = {}
@@ -107,7 +107,9 @@ class _ShardFile:
         self.name, self.count = name, 0
         self.path, self.tmp = root / name, root / (name + ".tmp")
         if self.path.exists() or self.tmp.exists():  # not a shard of the index it replaced: someone else's file
-            raise FileExistsError(f"{self.path} exists and is not listed in {root / INDEX_NAME}: refusing to replace it")
+            raise FileExistsError(
+                f"{self.path} exists and is not listed in {root / INDEX_NAME}: refusing to replace it"
+            )
         self.file = open(self.tmp, "xb")
         self.tar = wds.TarWriter(self.file, mtime=0)  # fixed mtime: identical input gives identical shards
 
@@ -126,6 +128,7 @@ class _ShardFile:
 
 
 # ---------------------------------------------------------------------------------------------- CLI
+
 
 @dataclass
 class WriteArgs:
@@ -186,7 +189,9 @@ def index_main(argv: list[str]) -> None:
     from .shards import count_samples, expand_shards, local_path
 
     if not argv or re.match(r"^[A-Za-z_][\w.]*=", argv[0]):  # key=value, not a pattern (a URL's query has '=')
-        raise ValueError("usage: eigtrain-shards index PATTERN [out=FILE] [name=NAME] (PATTERN: brace pattern of shards)")
+        raise ValueError(
+            "usage: eigtrain-shards index PATTERN [out=FILE] [name=NAME] (PATTERN: brace pattern of shards)"
+        )
     args = compose_dataclass(IndexArgs, argv[1:])
     urls = expand_shards(argv[0])
     out = args.out
@@ -211,7 +216,9 @@ def _check_index_target(out: Path) -> None:
     except (OSError, ValueError, AttributeError):
         ours = False
     if not ours:
-        raise FileExistsError(f"out={out} exists and is not a wids shard index: refusing to replace it; choose another out=")
+        raise FileExistsError(
+            f"out={out} exists and is not a wids shard index: refusing to replace it; choose another out="
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -225,11 +232,14 @@ def main(argv: list[str] | None = None) -> None:
         args = parse_args(argv)
         source = build_source(args)
         meta = {**source.meta, "source": source.name, "seed": args["seed"], "shard_size": args["shard_size"]}
-        index = write_shards(args["out"], source.splits, shard_size=args["shard_size"], meta=meta,
-                             overwrite=args["overwrite"])
+        index = write_shards(
+            args["out"], source.splits, shard_size=args["shard_size"], meta=meta, overwrite=args["overwrite"]
+        )
     except (ValueError, OSError) as exn:
         raise SystemExit(f"eigtrain-shards: error: {exn}") from None
-    summary = {split: {"shards": len(shards), "samples": sum(shards.values())} for split, shards in index.splits.items()}
+    summary = {
+        split: {"shards": len(shards), "samples": sum(shards.values())} for split, shards in index.splits.items()
+    }
     print(json.dumps({"out": str(index.root), "splits": summary}))
 
 

@@ -37,8 +37,11 @@ def build_engine(
     taken as their schema dataclasses (eigtrain.schema), so every key has its one default there."""
     cfg, optim_cfg = typed(EngineConfig, cfg), typed_option("optim", optim_cfg)
     common = dict(
-        device=device, precision=cfg.precision, grad_clip=optim_cfg.grad_clip,
-        compile=cfg.compile, channels_last=use_channels_last(cfg.channels_last, model, device),
+        device=device,
+        precision=cfg.precision,
+        grad_clip=optim_cfg.grad_clip,
+        compile=cfg.compile,
+        channels_last=use_channels_last(cfg.channels_last, model, device),
     )
     if cfg.name == "ddp":
         from eigtrain.engine.ddp import DDPEngine
@@ -48,10 +51,26 @@ def build_engine(
         from eigtrain.engine.deepspeed_zero import DeepSpeedEngine
 
         return DeepSpeedEngine(
-            model, optim_cfg, stage=cfg.zero_stage, micro_batch_size=micro_batch_size,
-            grad_accum_steps=grad_accum_steps, extra_config=dict(cfg.config), **common,
+            model,
+            optim_cfg,
+            stage=cfg.zero_stage,
+            micro_batch_size=micro_batch_size,
+            grad_accum_steps=grad_accum_steps,
+            extra_config=dict(cfg.config),
+            **common,
         )
     raise ValueError(f"engine.name={cfg.name!r} is not known; allowed: {', '.join(ENGINES)}")
 
 
-__all__ = ["ENGINES", "OPTIMIZERS", "PRECISIONS", "SCHEDULES", "LossFn", "StepResult", "build_engine", "build_optimizer", "chunks", "lr_at"]
+__all__ = [
+    "ENGINES",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "SCHEDULES",
+    "LossFn",
+    "StepResult",
+    "build_engine",
+    "build_optimizer",
+    "chunks",
+    "lr_at",
+]

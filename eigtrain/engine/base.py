@@ -99,9 +99,11 @@ def accumulation_caveat(model: nn.Module, accum: int) -> str | None:
     norms = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)})
     if accum <= 1 or not norms:
         return None
-    return (f"gradient accumulation ({accum} micro-batches) with {'/'.join(norms)} in the encoder: each micro-batch "
-            f"is normalized by its own statistics, so the step differs from one whole-batch step (the objective's "
-            f"batch statistics stay exact); for exact accumulation use a model without BatchNorm")
+    return (
+        f"gradient accumulation ({accum} micro-batches) with {'/'.join(norms)} in the encoder: each micro-batch "
+        f"is normalized by its own statistics, so the step differs from one whole-batch step (the objective's "
+        f"batch statistics stay exact); for exact accumulation use a model without BatchNorm"
+    )
 
 
 def _rng_snapshot() -> tuple[torch.Tensor, torch.Tensor | None]:

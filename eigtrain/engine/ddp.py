@@ -86,9 +86,15 @@ class DDPEngine:
             last = i == len(micro_batches) - 1
             return self._ddp.no_sync() if (self._ddp is not None and not last) else contextlib.nullcontext()
 
-        loss, terms = accumulated_backward(self.train_module, self.model, micro_batches, loss_fn,
-                                           backward=lambda t, i: t.backward(), sync_context=sync_context,
-                                           usable=usable)
+        loss, terms = accumulated_backward(
+            self.train_module,
+            self.model,
+            micro_batches,
+            loss_fn,
+            backward=lambda t, i: t.backward(),
+            sync_context=sync_context,
+            usable=usable,
+        )
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
@@ -118,7 +124,9 @@ class DDPEngine:
     def load(self, step_dir: Path) -> None:
         state = self._state()
         with _single_process_ok():
-            dcp.load(state, checkpoint_id=str(step_dir), planner=WeightsOnlyLoadPlanner(), no_dist=not dist.is_initialized())
+            dcp.load(
+                state, checkpoint_id=str(step_dir), planner=WeightsOnlyLoadPlanner(), no_dist=not dist.is_initialized()
+            )
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:

@@ -55,7 +55,9 @@ class DeepSpeedEngine:
             raise ValueError(f"engine.zero_stage={stage} is not supported; allowed: {', '.join(map(str, ZERO_STAGES))}")
         if not dist.is_initialized():
             # DeepSpeed needs a process group even for a single process; a local store needs no port.
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(
+                "nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1
+            )
         self.device = device
         self.autocast_dtype = resolve_precision(precision, device)
         model.to(device)
@@ -111,16 +113,23 @@ class DeepSpeedEngine:
                 set_lr(self.optimizer, lr)
             self.ds.step()  # an update only at the accumulation boundary
 
-        loss, terms = accumulated_backward(self.ds, self.model, micro_batches, loss_fn, backward=backward,
-                                           usable=usable)
+        loss, terms = accumulated_backward(
+            self.ds, self.model, micro_batches, loss_fn, backward=backward, usable=usable
+        )
         applied = self.ds.skipped_steps == skipped_before and not skip
         grad_norm = None if skip else self.ds.get_global_grad_norm()
-        return StepResult(loss=loss, terms=terms, grad_norm=float("nan") if grad_norm is None else grad_norm,
-                          applied=torch.tensor(applied, device=loss.device))
+        return StepResult(
+            loss=loss,
+            terms=terms,
+            grad_norm=float("nan") if grad_norm is None else grad_norm,
+            applied=torch.tensor(applied, device=loss.device),
+        )
 
     def save(self, step_dir: Path, client_state: Mapping[str, Any]) -> None:
         # Every rank writes its ZeRO partition; no "latest" file (eigtrain.checkpoint does discovery).
-        self.ds.save_checkpoint(str(step_dir.parent), tag=step_dir.name, client_state=dict(client_state), save_latest=False)
+        self.ds.save_checkpoint(
+            str(step_dir.parent), tag=step_dir.name, client_state=dict(client_state), save_latest=False
+        )
 
     def load(self, step_dir: Path) -> None:
         path, _ = self.ds.load_checkpoint(str(step_dir.parent), tag=step_dir.name, load_lr_scheduler_states=False)

@@ -24,8 +24,9 @@ def _param_groups(model: nn.Module, weight_decay: float, exclude_bias_and_norm: 
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimBase | Mapping[str, Any], device_type: str = "cpu"
-                    ) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module, cfg: OptimBase | Mapping[str, Any], device_type: str = "cpu"
+) -> torch.optim.Optimizer:
     """Optimizer from the ``optim`` config group (typed by its name: SGDConfig, LarsConfig, AdamWConfig). The
     learning rate is set every step from ``lr_at``.
 
@@ -40,8 +41,9 @@ def build_optimizer(model: nn.Module, cfg: OptimBase | Mapping[str, Any], device
 
         # timm's LARS adapts only parameters with weight decay, so excluded groups get plain SGD.
         return Lars(groups, lr=cfg.lr, momentum=cfg.momentum, trust_coeff=cfg.trust_coeff)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                             fused=True if device_type == "cuda" else None)
+    return torch.optim.AdamW(
+        groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True if device_type == "cuda" else None
+    )
 
 
 def lr_at(step: int, cfg: OptimBase, total_steps: int) -> float:

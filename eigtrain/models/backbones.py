@@ -35,8 +35,11 @@ class TinyCNN(nn.Module):
             return [nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
 
         self.body = nn.Sequential(
-            *block(in_chans, width, 1), *block(width, 2 * width, 2), *block(2 * width, 2 * width, 1),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            *block(in_chans, width, 1),
+            *block(width, 2 * width, 2),
+            *block(2 * width, 2 * width, 1),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
         )
         self.num_features = 2 * width
 
@@ -78,8 +81,9 @@ def build_backbone(cfg: ModelConfig | Mapping[str, Any], input_shape: Sequence[i
         n_in = int(torch.Size(input_shape).numel())
         return MLP(n_in, width=width, depth=depth)
     if len(input_shape) != 3:
-        raise ValueError(f"model.backbone={name!r} needs image inputs (C, H, W); the data gives shape "
-                         f"{tuple(input_shape)}")
+        raise ValueError(
+            f"model.backbone={name!r} needs image inputs (C, H, W); the data gives shape {tuple(input_shape)}"
+        )
     in_chans, height, wide = (int(s) for s in input_shape)
     if name == "tiny_cnn":
         return TinyCNN(in_chans, width=width)
@@ -89,8 +93,12 @@ def build_backbone(cfg: ModelConfig | Mapping[str, Any], input_shape: Sequence[i
         if height % patch_size or wide % patch_size:
             raise ValueError(f"model.patch_size={patch_size} must divide the image size {height}x{wide}")
         return timm.create_model(
-            _TIMM_NAMES[name], pretrained=False, num_classes=0, in_chans=in_chans,
-            img_size=(height, wide), patch_size=patch_size,
+            _TIMM_NAMES[name],
+            pretrained=False,
+            num_classes=0,
+            in_chans=in_chans,
+            img_size=(height, wide),
+            patch_size=patch_size,
         )
     resnet = timm.create_model(_TIMM_NAMES[name], pretrained=False, num_classes=0, in_chans=in_chans)
     if cfg.cifar_stem:

@@ -59,13 +59,20 @@ class PairEncoder(nn.Module):
 
 def _build_one(cfg: ModelConfig, dim: int, input_shape: Sequence[int]) -> Encoder:
     backbone = build_backbone(cfg, input_shape)
-    projector = Projector(backbone.num_features, dim, hidden=cfg.projector_hidden, layers=cfg.projector_layers,
-                          batch_norm=cfg.projector_batch_norm)
+    projector = Projector(
+        backbone.num_features,
+        dim,
+        hidden=cfg.projector_hidden,
+        layers=cfg.projector_layers,
+        batch_norm=cfg.projector_batch_norm,
+    )
     return Encoder(backbone, projector)
 
 
 def build_encoder(
-    cfg: ModelConfig | Mapping[str, Any], dim: int, input_shape: Sequence[int],
+    cfg: ModelConfig | Mapping[str, Any],
+    dim: int,
+    input_shape: Sequence[int],
     context_shape: Sequence[int] | None = None,
 ) -> Encoder | PairEncoder:
     """Build the encoder described by the ``model`` config group (a ModelConfig; a mapping of some keys takes
@@ -96,7 +103,10 @@ def use_sync_batch_norm(model: nn.Module, enabled: bool, world_size: int, device
         return model
     if device.type != "cuda":
         if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-            log.warning("model.sync_batch_norm=true but the ranks run on %s: SyncBatchNorm needs GPUs, so each "
-                        "process normalizes with its own batch statistics", device.type)
+            log.warning(
+                "model.sync_batch_norm=true but the ranks run on %s: SyncBatchNorm needs GPUs, so each "
+                "process normalizes with its own batch statistics",
+                device.type,
+            )
         return model
     return convert_sync_batch_norm(model)

@@ -7,8 +7,16 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .moments import (REDUCTIONS, all_reduce_sum, choose_reduction, device_scalar, exchange_sizes, full_fp32_matmul,
-                      gather_other_rows, world_size)
+from .moments import (
+    REDUCTIONS,
+    all_reduce_sum,
+    choose_reduction,
+    device_scalar,
+    exchange_sizes,
+    full_fp32_matmul,
+    gather_other_rows,
+    world_size,
+)
 from .nesting import Nesting
 
 
@@ -34,8 +42,15 @@ class Objective(nn.Module):
     # 8 x 400 Gb/s NDR per node (benchmarks/scaling.md; ~1,000 with one NIC per node).
     options: dict[str, Any] = {"reduction": "auto", "reduction_flops_per_byte": 125.0}
 
-    def __init__(self, dim: int, nesting: Nesting, distributed: bool = True, pairs: bool | None = None,
-                 local_batch: int | None = None, **coefficients):
+    def __init__(
+        self,
+        dim: int,
+        nesting: Nesting,
+        distributed: bool = True,
+        pairs: bool | None = None,
+        local_batch: int | None = None,
+        **coefficients,
+    ):
         super().__init__()
         options = {k: coefficients.pop(k, default) for k, default in self.options.items()}
         self.reduction, self.flops_per_byte = options["reduction"], float(options["reduction_flops_per_byte"])

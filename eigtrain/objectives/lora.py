@@ -15,7 +15,6 @@ after the normalization (it is not a coordinate of f, so it takes no share of th
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
 from .base import Objective
@@ -44,15 +43,19 @@ class LoRA(Objective):
         if norm == "full" and nesting.sequential:
             # f / ||f|| ties every coordinate to all others, so earlier modes would still move with later
             # prefix losses: not the stop-gradient that sequential nesting promises.
-            raise ValueError("normalize='full' cannot be combined with nesting='sequential' (the norm couples all "
-                             "modes, so it is not a stop-gradient); use nesting='joint' or normalize='none'")
+            raise ValueError(
+                "normalize='full' cannot be combined with nesting='sequential' (the norm couples all "
+                "modes, so it is not a stop-gradient); use nesting='joint' or normalize='none'"
+            )
         self.coef["normalize"] = norm
         self.constant = self.coef["constant_mode"]
         if self.constant not in CONSTANT_MODES:
             raise ValueError(f"constant_mode={self.constant!r} is unknown; allowed: {', '.join(CONSTANT_MODES)}")
         if self.constant == "fixed" and self.coef["center"]:
-            raise ValueError("constant_mode='fixed' (the default) cannot be combined with center=true (centering "
-                             "already removes the constant); set constant_mode=none with center=true")
+            raise ValueError(
+                "constant_mode='fixed' (the default) cannot be combined with center=true (centering "
+                "already removes the constant); set constant_mode=none with center=true"
+            )
         self.register_masks("pair")
         self.register_buffer("prefix_u", nesting.prefix_factors(), persistent=False)
 
@@ -120,8 +123,10 @@ class LoRA(Objective):
             align = align - 2.0 * w * s[f"D{k}"] / n
             uniform = uniform + w * ((s[f"P{k}"] * s[f"Q{k}"]).sum() - s[f"corr{k}"]) / (n * (n - 1))
         if self.constant == "fixed":
-            cross = sum(w * ((s[f"Sf{k}"] * s[f"Sg{k}"]).sum() - s[f"D{k}"])
-                        for k, w in zip(self.nesting.prefixes, self.nesting.weights))
+            cross = sum(
+                w * ((s[f"Sf{k}"] * s[f"Sg{k}"]).sum() - s[f"D{k}"])
+                for k, w in zip(self.nesting.prefixes, self.nesting.weights)
+            )
             const = self._constant_term(cross, n, sum(self.nesting.weights))
             return align + uniform + const, {"align": align, "uniform": uniform, "constant": const}
         return align + uniform, {"align": align, "uniform": uniform}

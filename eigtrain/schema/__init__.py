@@ -19,12 +19,26 @@ from __future__ import annotations
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from eigtrain.schema.check import (NAMED_GROUPS, ConfigError, check, describe, fill_option_defaults, typed,
-                                   typed_option)
-from eigtrain.schema.groups import (LAUNCHER_SCHEMAS, OPTIM_SCHEMAS, AdamWConfig, DataConfig, EngineConfig,
-                                    LarsConfig, LocalLauncherConfig, LoggingConfig, ModelConfig, MonitorConfig,
-                                    NestingConfig, OptimBase, SGDConfig, SlurmLauncherConfig, TrainConfig,
-                                    WandbConfig, objective_schema)
+from eigtrain.schema.check import NAMED_GROUPS, ConfigError, check, describe, fill_option_defaults, typed, typed_option
+from eigtrain.schema.groups import (
+    LAUNCHER_SCHEMAS,
+    OPTIM_SCHEMAS,
+    AdamWConfig,
+    DataConfig,
+    EngineConfig,
+    LarsConfig,
+    LocalLauncherConfig,
+    LoggingConfig,
+    ModelConfig,
+    MonitorConfig,
+    NestingConfig,
+    OptimBase,
+    SGDConfig,
+    SlurmLauncherConfig,
+    TrainConfig,
+    WandbConfig,
+    objective_schema,
+)
 from eigtrain.schema.naming import NOT_RESULT_KEYS, names_point, sweep_point
 
 
@@ -36,8 +50,11 @@ def register() -> None:
     store.store(name="train_schema", node=TrainConfig)
     from eigtrain.objectives import OBJECTIVES  # pure tensor code: no import of this package
 
-    options = {"objective": {name: objective_schema(name) for name in OBJECTIVES}, "optim": OPTIM_SCHEMAS,
-               "launcher": LAUNCHER_SCHEMAS}
+    options = {
+        "objective": {name: objective_schema(name) for name in OBJECTIVES},
+        "optim": OPTIM_SCHEMAS,
+        "launcher": LAUNCHER_SCHEMAS,
+    }
     for group, schemas in options.items():
         for name, schema in schemas.items():
             store.store(group=f"schema/{group}", name=name, node=schema)
@@ -58,9 +75,33 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AdamWConfig", "ConfigError", "DataConfig", "EngineConfig", "LAUNCHER_SCHEMAS", "LarsConfig",
-    "LocalLauncherConfig", "LoggingConfig", "ModelConfig", "MonitorConfig", "NAMED_GROUPS", "NOT_RESULT_KEYS",
-    "NestingConfig", "OPTIM_SCHEMAS", "OptimBase", "SGDConfig", "SlurmLauncherConfig", "TrainConfig", "WandbConfig",
-    "check", "describe", "fill_option_defaults", "names_point", "objective_schema", "register", "sweep_point",
-    "typed", "typed_option", "validate",
+    "AdamWConfig",
+    "ConfigError",
+    "DataConfig",
+    "EngineConfig",
+    "LAUNCHER_SCHEMAS",
+    "LarsConfig",
+    "LocalLauncherConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "MonitorConfig",
+    "NAMED_GROUPS",
+    "NOT_RESULT_KEYS",
+    "NestingConfig",
+    "OPTIM_SCHEMAS",
+    "OptimBase",
+    "SGDConfig",
+    "SlurmLauncherConfig",
+    "TrainConfig",
+    "WandbConfig",
+    "check",
+    "describe",
+    "fill_option_defaults",
+    "names_point",
+    "objective_schema",
+    "register",
+    "sweep_point",
+    "typed",
+    "typed_option",
+    "validate",
 ]

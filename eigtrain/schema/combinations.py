@@ -15,9 +15,9 @@ import torch
 from omegaconf import DictConfig
 
 from eigtrain.data.augment import PRESETS
-from eigtrain.data.stream_options import MODES as DATA_MODES
 from eigtrain.data.from_config import check_data, check_splits
 from eigtrain.data.index import INDEX_NAME, read_index
+from eigtrain.data.stream_options import MODES as DATA_MODES
 from eigtrain.engine import ENGINES, PRECISIONS, SCHEDULES
 from eigtrain.engine.deepspeed_zero import ZERO_STAGES
 from eigtrain.metrics_log import WANDB_MODES
@@ -64,20 +64,27 @@ def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
     pairs = cfg.data.mode == "pairs"
     if pairs and not objective.allows_pairs:
         with_pairs = [n for n, o in OBJECTIVES.items() if o.allows_pairs]
-        raise ConfigError(f"objective={cfg.objective.name} trains one encoder on two views (data.mode=views); "
-                          f"with data.mode=pairs use objective: {', '.join(with_pairs)}")
+        raise ConfigError(
+            f"objective={cfg.objective.name} trains one encoder on two views (data.mode=views); "
+            f"with data.mode=pairs use objective: {', '.join(with_pairs)}"
+        )
     if not pairs and objective.default_pairs:
-        raise ConfigError(f"objective={cfg.objective.name} trains two encoders on stored pairs and needs "
-                          f"data.mode=pairs; for two views of one image use objective=scl")
+        raise ConfigError(
+            f"objective={cfg.objective.name} trains two encoders on stored pairs and needs "
+            f"data.mode=pairs; for two views of one image use objective=scl"
+        )
 
     micro = cfg.micro_batch_size if cfg.micro_batch_size is not None else cfg.batch_size // world_size
     _positive_int("micro_batch_size", micro)
     if cfg.batch_size % (world_size * micro):
-        raise ConfigError(f"batch_size={cfg.batch_size} must be divisible by world size x micro_batch_size = "
-                          f"{world_size} x {micro}")
+        raise ConfigError(
+            f"batch_size={cfg.batch_size} must be divisible by world size x micro_batch_size = {world_size} x {micro}"
+        )
     if objective.split_batch and micro % 2:
-        raise ConfigError(f"objective={cfg.objective.name} splits each per-rank micro-batch into even/odd halves: "
-                          f"micro_batch_size (batch_size / world size / accumulation) must be even, got {micro}")
+        raise ConfigError(
+            f"objective={cfg.objective.name} splits each per-rank micro-batch into even/odd halves: "
+            f"micro_batch_size (batch_size / world size / accumulation) must be even, got {micro}"
+        )
     try:  # data keys, and the data against ranks x workers where that is cheap to know (also on a login node)
         check_data(cfg.data, world_size, cfg.batch_size // world_size)
         if cfg.monitor.every:  # data.shards: the monitor's val split is data.val_shards, never the training shards
@@ -96,5 +103,7 @@ def _check_monitor_splits_in_index(cfg: DictConfig) -> None:
     available = read_index(cfg.data.root).splits
     for key in ("train_split", "val_split"):
         if cfg.monitor[key] not in available:
-            raise ConfigError(f"monitor.{key}={cfg.monitor[key]} is not a split of data.root={cfg.data.root}; "
-                              f"its index.json has: {', '.join(sorted(available))}")
+            raise ConfigError(
+                f"monitor.{key}={cfg.monitor[key]} is not a split of data.root={cfg.data.root}; "
+                f"its index.json has: {', '.join(sorted(available))}"
+            )

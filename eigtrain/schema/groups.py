@@ -105,6 +105,7 @@ class MonitorConfig:
 
 # ------------------------------------------------------------------- groups with per-option keys
 
+
 @dataclass
 class OptimBase:
     name: str = MISSING  # sgd | lars | adamw (OPTIM_SCHEMAS)
@@ -188,6 +189,7 @@ def objective_schema(name: str) -> type:
 
 
 # ------------------------------------------------------------------------------------------- root
+
 
 @dataclass
 class TrainConfig:

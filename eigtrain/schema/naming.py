@@ -13,12 +13,31 @@ from eigtrain.redact import redact_url
 # Every other key (objective, model, data content and order, optimizer, batch sizes, precision, seed, steps, ...)
 # names the point.
 NOT_RESULT_KEYS = (
-    "run_dir", "name", "hydra", "launcher", "logging", "monitor",  # where it runs and what it reports
-    "stop_after", "checkpoint_every", "keep_last", "log_every", "max_nonfinite_steps", "dist_timeout_s",
+    "run_dir",
+    "name",
+    "hydra",
+    "launcher",
+    "logging",
+    "monitor",  # where it runs and what it reports
+    "stop_after",
+    "checkpoint_every",
+    "keep_last",
+    "log_every",
+    "max_nonfinite_steps",
+    "dist_timeout_s",
     "signal_check_every",
-    "device", "cpu_threads", "engine.compile", "engine.channels_last",  # speed, not the result
-    "data.num_workers", "data.pin_memory", "data.prefetch_factor", "data.persistent_workers", "data.io_timeout_s",
-    "data.decode", "data.shard_index", "data.allow_pipe",
+    "device",
+    "cpu_threads",
+    "engine.compile",
+    "engine.channels_last",  # speed, not the result
+    "data.num_workers",
+    "data.pin_memory",
+    "data.prefetch_factor",
+    "data.persistent_workers",
+    "data.io_timeout_s",
+    "data.decode",
+    "data.shard_index",
+    "data.allow_pipe",
 )
 
 

@@ -21,7 +21,16 @@ from eigtrain.synthetic.table import make_table, parse_table_args
 
 
 def summary(result: dict) -> dict:
-    keys = ("kernel", "rank", "objective", "extraction", "ef_mse", "ev_rae", "ef_mse_per_function", "ev_rae_per_function")
+    keys = (
+        "kernel",
+        "rank",
+        "objective",
+        "extraction",
+        "ef_mse",
+        "ev_rae",
+        "ef_mse_per_function",
+        "ev_rae_per_function",
+    )
     out = {k: result[k] for k in keys}
     out["alternatives"] = {k: {m: v[m] for m in ("ef_mse", "ev_rae")} for k, v in result["extractions"].items()}
     return out

@@ -125,14 +125,20 @@ class SyntheticConfig:
         if self.rank < 2 or self.rank % 2:
             raise ValueError(f"rank={self.rank}: must be an even number >= 2 (the encoder extracts d = rank / 2)")
         if self.constant_mode == "fixed" and self.objective in MEAN_INVARIANT:
-            raise ValueError(f"constant_mode=fixed with objective={self.objective}: VICReg's loss sees centered features only, "
-                             "so its features estimate psi_2..psi_(d+1) and a fixed constant coordinate has nothing to estimate")
+            raise ValueError(
+                f"constant_mode=fixed with objective={self.objective}: VICReg's loss sees centered features only, "
+                "so its features estimate psi_2..psi_(d+1) and a fixed constant coordinate has nothing to estimate"
+            )
         if self.constant_mode == "fixed" and self.dim < 2:
-            raise ValueError(f"constant_mode=fixed needs d = rank / 2 >= 2 (one fixed and one learned function), got rank={self.rank}")
+            raise ValueError(
+                f"constant_mode=fixed needs d = rank / 2 >= 2 (one fixed and one learned function), got rank={self.rank}"
+            )
         if self.batch_size % 2:
             raise ValueError(f"batch_size={self.batch_size}: must be even (split-batch estimators use even/odd halves)")
         if self.lr <= 0 or not 0 <= self.final_lr_ratio <= 1:
-            raise ValueError(f"lr={self.lr}, final_lr_ratio={self.final_lr_ratio}: need lr > 0 and 0 <= final_lr_ratio <= 1")
+            raise ValueError(
+                f"lr={self.lr}, final_lr_ratio={self.final_lr_ratio}: need lr > 0 and 0 <= final_lr_ratio <= 1"
+            )
         if not (0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1):
             raise ValueError(f"adam_beta1={self.adam_beta1}, adam_beta2={self.adam_beta2}: each must be in [0, 1)")
         if not 0 <= self.rr_tail <= 1:
@@ -140,13 +146,19 @@ class SyntheticConfig:
         if self.rr_samples < 0 or self.train_samples < 0 or self.warmup_steps < 0 or self.input_dim < 0:
             raise ValueError("rr_samples, train_samples, warmup_steps and input_dim must be >= 0")
         if 0 < self.train_samples < self.batch_size:
-            raise ValueError(f"train_samples={self.train_samples}: must be 0 (fresh pairs) or >= batch_size={self.batch_size}")
+            raise ValueError(
+                f"train_samples={self.train_samples}: must be 0 (fresh pairs) or >= batch_size={self.batch_size}"
+            )
         if self.train_samples % self.batch_size:
             raise ValueError(f"train_samples={self.train_samples}: must be a multiple of batch_size={self.batch_size}")
         if self.extraction_pairs == "train" and not self.train_samples:
-            raise ValueError("extraction_pairs=train needs a training pool (train_samples > 0); fresh pairs are not kept")
+            raise ValueError(
+                "extraction_pairs=train needs a training pool (train_samples > 0); fresh pairs are not kept"
+            )
         if self.extraction_pairs == "fresh" and self.rr_samples == 0 and self.rr_tail == 0:
-            raise ValueError("rr_samples=0 and rr_tail=0: no pairs left to estimate eigenvalues and extract eigenfunctions")
+            raise ValueError(
+                "rr_samples=0 and rr_tail=0: no pairs left to estimate eigenvalues and extract eigenfunctions"
+            )
         return self
 
 

@@ -25,14 +25,20 @@ class EnsembleEncoder(nn.Module):
         first = encoders[0]
         self.features, self.fixed_constant = first.features, first.fixed_constant
         linears = [[m for m in e.mlp if isinstance(m, nn.Linear)] for e in encoders]
-        shapes = {tuple(tuple(l.weight.shape) for l in ls) for ls in linears}
+        shapes = {tuple(tuple(layer.weight.shape) for layer in ls) for ls in linears}
         if len(shapes) != 1 or len({e.fixed_constant for e in encoders}) != 1:
             raise ValueError("ensemble members must share one architecture (features, width, depth, constant mode)")
         self.weights = nn.ParameterList(
-            [nn.Parameter(torch.stack([ls[i].weight.detach().T for ls in linears]).contiguous()) for i in range(len(linears[0]))]
+            [
+                nn.Parameter(torch.stack([ls[i].weight.detach().T for ls in linears]).contiguous())
+                for i in range(len(linears[0]))
+            ]
         )
         self.biases = nn.ParameterList(
-            [nn.Parameter(torch.stack([ls[i].bias.detach() for ls in linears]).unsqueeze(1).contiguous()) for i in range(len(linears[0]))]
+            [
+                nn.Parameter(torch.stack([ls[i].bias.detach() for ls in linears]).unsqueeze(1).contiguous())
+                for i in range(len(linears[0]))
+            ]
         )
         self.members = len(encoders)
 

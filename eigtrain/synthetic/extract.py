@@ -27,7 +27,14 @@ from eigtrain.synthetic.kernels import SyntheticKernel
 from eigtrain.synthetic.metrics import best_signs, ef_mse_per_function, ev_rae_per_function
 from eigtrain.synthetic.sampler import sample_pairs, sample_uniform
 
-PAPER_RR_MODE = {"lora": "paper-lora", "scl": "paper-lora", "rq": "paper-rq", "rq_direct": "paper-rq", "vicreg": "paper-vicreg", "vicreg_paper": "paper-vicreg"}
+PAPER_RR_MODE = {
+    "lora": "paper-lora",
+    "scl": "paper-lora",
+    "rq": "paper-rq",
+    "rq_direct": "paper-rq",
+    "vicreg": "paper-vicreg",
+    "vicreg_paper": "paper-vicreg",
+}
 LOW_RANK = ("lora", "scl")
 MEAN_INVARIANT = ("vicreg", "vicreg_paper")  # losses of centered features only
 CHUNK = 50_000
@@ -50,7 +57,9 @@ def encode(encoder, a: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def accumulate_pairs(encoder, kernel: SyntheticKernel, n: int, gen: torch.Generator, acc: RRAccumulator) -> RRAccumulator:
+def accumulate_pairs(
+    encoder, kernel: SyntheticKernel, n: int, gen: torch.Generator, acc: RRAccumulator
+) -> RRAccumulator:
     """Add n fresh P+ pairs encoded by encoder to acc."""
     for start in range(0, n, CHUNK):
         a, a_pos = sample_pairs(kernel, min(CHUNK, n - start), gen)
@@ -111,7 +120,9 @@ def rounded(values: torch.Tensor) -> list:
 
 
 @torch.no_grad()
-def evaluate(encoder, kernel: SyntheticKernel, extracted: dict[str, Extracted], n: int, gen: torch.Generator, first: int = 0) -> dict:
+def evaluate(
+    encoder, kernel: SyntheticKernel, extracted: dict[str, Extracted], n: int, gen: torch.Generator, first: int = 0
+) -> dict:
     """EF-MSE and EV-RAE (per function and averaged) of each extraction on n fresh a ~ uniform, against
     the true eigenpairs first .. first + d - 1 (0-based).
 
@@ -128,7 +139,11 @@ def evaluate(encoder, kernel: SyntheticKernel, extracted: dict[str, Extracted], 
     grid = torch.linspace(-1, 1, CURVE_POINTS, dtype=torch.float64).unsqueeze(1).expand(-1, kernel.input_dim)
     z_grid = encode(encoder, grid.float())
     psi_grid = kernel.eigenfunctions(grid)
-    out = {"curve_grid": rounded(grid[:, 0]), "curve_true": rounded(psi_grid[:, target].T), "curve_true_top": rounded(psi_grid[:, :d].T)}
+    out = {
+        "curve_grid": rounded(grid[:, 0]),
+        "curve_true": rounded(psi_grid[:, target].T),
+        "curve_true_top": rounded(psi_grid[:, :d].T),
+    }
     for name, ex in extracted.items():
         psi_hat = ex.apply(z)
         norm = psi_hat.pow(2).mean(0).sqrt().clamp_min(1e-12)

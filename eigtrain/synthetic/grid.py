@@ -43,8 +43,11 @@ class Grid(GridConfig):
     run_overrides: list[str] = field(default_factory=list)  # run keys for every cell; KERNEL.key=value for one
 
     def validate(self) -> "Grid":
-        for key, values, allowed in (("recipe", [self.recipe], PRESETS), ("kernels", self.kernels, KERNELS),
-                                     ("methods", self.methods, METHODS)):
+        for key, values, allowed in (
+            ("recipe", [self.recipe], PRESETS),
+            ("kernels", self.kernels, KERNELS),
+            ("methods", self.methods, METHODS),
+        ):
             for value in values:
                 if value not in allowed:
                     raise ValueError(f"{key}={value!r} is not allowed; allowed: {', '.join(allowed)}")
@@ -73,8 +76,14 @@ def cell_configs(grid: Grid, kernel: str, rank: int) -> list[SyntheticConfig]:
     by_key = {a.partition("=")[0]: a for a in [f"preset={grid.recipe}", *shared, *own]}  # a kernel's own key wins
     base = parse_run_args(list(by_key.values()))
     return [
-        dataclasses.replace(base, kernel=kernel, rank=rank, objective=FAMILY_OBJECTIVE[m.split("-")[0]],
-                            extraction=EXTRACTION[m.split("-")[1]], seed=s).validate()
+        dataclasses.replace(
+            base,
+            kernel=kernel,
+            rank=rank,
+            objective=FAMILY_OBJECTIVE[m.split("-")[0]],
+            extraction=EXTRACTION[m.split("-")[1]],
+            seed=s,
+        ).validate()
         for m in grid.methods
         for s in grid.seeds
     ]
@@ -93,12 +102,21 @@ def shared_config(cfgs: list[SyntheticConfig]) -> dict:
     return {k: v for k, v in dataclasses.asdict(cfgs[0]).items() if k not in ("objective", "extraction", "seed", "out")}
 
 
-def compact(recipe: str, methods: list[str], seeds: list[int], cfgs: list[SyntheticConfig], results: list[dict], seconds: float) -> dict:
+def compact(
+    recipe: str, methods: list[str], seeds: list[int], cfgs: list[SyntheticConfig], results: list[dict], seconds: float
+) -> dict:
     """Every run's metrics (per seed, per function, every extraction), seed 0's curves; no histories."""
     # the cell's truth is psi_1..psi_d (a method's own target, e.g. VICReg's psi_2.., is stored with it)
-    out = {"recipe": recipe, "config": shared_config(cfgs), "seeds": seeds, "wall_seconds": round(seconds, 1),
-           "eigenvalues_true": _round(results[0]["eigenvalues_top"]), "curve_grid": results[0]["curve_grid"],
-           "curve_true": results[0]["curve_true_top"], "methods": {}}
+    out = {
+        "recipe": recipe,
+        "config": shared_config(cfgs),
+        "seeds": seeds,
+        "wall_seconds": round(seconds, 1),
+        "eigenvalues_true": _round(results[0]["eigenvalues_top"]),
+        "curve_grid": results[0]["curve_grid"],
+        "curve_true": results[0]["curve_true_top"],
+        "methods": {},
+    }
     for i, method in enumerate(methods):
         runs = results[i * len(seeds) : (i + 1) * len(seeds)]
         out["methods"][method] = {
@@ -106,9 +124,22 @@ def compact(recipe: str, methods: list[str], seeds: list[int], cfgs: list[Synthe
             "extraction": runs[0]["extraction"],
             "target_first": runs[0]["target_first"],
             "eigenvalues_true": _round(runs[0]["eigenvalues_true"]),
-            **{k: _round([r[k] for r in runs]) for k in ("ef_mse", "ev_rae", "ef_mse_per_function", "ev_rae_per_function", "eigenvalues_estimated", "rr_pairs")},
+            **{
+                k: _round([r[k] for r in runs])
+                for k in (
+                    "ef_mse",
+                    "ev_rae",
+                    "ef_mse_per_function",
+                    "ev_rae_per_function",
+                    "eigenvalues_estimated",
+                    "rr_pairs",
+                )
+            },
             "final_loss": _round([r["history"][-1]["loss"] for r in runs]),
-            "extractions": {name: {m: _round([r["extractions"][name][m] for r in runs]) for m in ("ef_mse", "ev_rae")} for name in runs[0]["extractions"]},
+            "extractions": {
+                name: {m: _round([r["extractions"][name][m] for r in runs]) for m in ("ef_mse", "ev_rae")}
+                for name in runs[0]["extractions"]
+            },
             "curve_seed0": runs[0]["curve"],
             "curve_true": runs[0]["curve_true"],
         }
@@ -125,7 +156,9 @@ def stored_cell(path: Path, cfgs: list[SyntheticConfig], seeds: list[int]) -> di
         return None
     stored = json.loads(path.read_text())
     current, stored_config = shared_config(cfgs), stored_with_defaults(stored["config"])
-    same = set(stored["config"]) <= set(current) and all(stored_config[k] == v for k, v in current.items() if k not in NOT_RESULT_KEYS)
+    same = set(stored["config"]) <= set(current) and all(
+        stored_config[k] == v for k, v in current.items() if k not in NOT_RESULT_KEYS
+    )
     return stored if same and stored["seeds"] == seeds else None
 
 
@@ -146,7 +179,11 @@ def run_grid(grid: Grid) -> list[Path]:
                 written.append(path)
                 continue
             todo_cfgs = [c for i, c in enumerate(cfgs) if methods[i // len(seeds)] in todo]
-            print(f"grid: training {path}: {', '.join(todo)} ({len(todo_cfgs)} runs as one ensemble)", file=sys.stderr, flush=True)
+            print(
+                f"grid: training {path}: {', '.join(todo)} ({len(todo_cfgs)} runs as one ensemble)",
+                file=sys.stderr,
+                flush=True,
+            )
             start = time.perf_counter()
             results = run_ensemble(todo_cfgs)
             cell = compact(grid.recipe, todo, seeds, todo_cfgs, results, time.perf_counter() - start)
@@ -154,7 +191,10 @@ def run_grid(grid: Grid) -> list[Path]:
                 cell["wall_seconds"] = round(cell["wall_seconds"] + stored["wall_seconds"], 1)
                 merged = {**kept, **cell["methods"]}
                 cell["methods"] = {m: merged[m] for m in METHODS if m in merged}
-                cell["config"] = {**cell["config"], **{k: stored["config"][k] for k in NOT_RESULT_KEYS if k in stored["config"]}}
+                cell["config"] = {
+                    **cell["config"],
+                    **{k: stored["config"][k] for k in NOT_RESULT_KEYS if k in stored["config"]},
+                }
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".json.tmp")
             tmp.write_text(json.dumps(cell))

@@ -73,7 +73,9 @@ def check_validity(name: str, eigenvalues: torch.Tensor, input_dim: int) -> None
     if lam.ndim != 1 or lam.numel() < 2:
         raise ValueError(f"synthetic kernel: need at least 2 eigenvalues, got shape {tuple(lam.shape)}")
     if lam[0] != 1.0:
-        raise ValueError(f"synthetic kernel: eigenvalue of the constant mode must be 1 (P+ has uniform marginals), got {lam[0].item()}")
+        raise ValueError(
+            f"synthetic kernel: eigenvalue of the constant mode must be 1 (P+ has uniform marginals), got {lam[0].item()}"
+        )
     if (lam[1:] <= 0).any() or (lam[1:].diff() > 0).any() or lam[1] > 1:
         raise ValueError(f"synthetic kernel: eigenvalues must be positive and non-increasing, got {lam.tolist()}")
     total = float((lam[1:] * sup_squared(name, lam.numel(), input_dim)[1:]).sum())

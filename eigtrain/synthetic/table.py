@@ -14,7 +14,14 @@ from eigtrain.cli import compose_dataclass
 from eigtrain.synthetic.config import stored_with_defaults
 from eigtrain.synthetic.paper import METHODS, PAPER_STEPS, PAPER_TABLE, superseded
 
-METHOD_LABELS = {"lora-rr": "LoRA-RR", "lora-jn": "LoRA-JN", "rq-rr": "RQ-RR", "rq-jn": "RQ-JN", "vicreg-rr": "VICReg-RR", "vicreg-jn": "VICReg-JN"}
+METHOD_LABELS = {
+    "lora-rr": "LoRA-RR",
+    "lora-jn": "LoRA-JN",
+    "rq-rr": "RQ-RR",
+    "rq-jn": "RQ-JN",
+    "vicreg-rr": "VICReg-RR",
+    "vicreg-jn": "VICReg-JN",
+}
 METRICS = (("ef_mse", "EF-MSE"), ("ev_rae", "EV-RAE"))
 EXTRACTIONS = ("ordered_paper", "ordered", "ordered_gs", "rr_generalized", "rr_paper")
 
@@ -69,7 +76,10 @@ def meets_goal(cell: dict, kernel: str, rank: int, method: str) -> bool:
     """eigtrain's goal: EF-MSE <= 1/3 of the paper's and EV-RAE <= the paper's (means)."""
     paper = PAPER_TABLE[(kernel, rank)]
     ours = cell["methods"][method]
-    return mean_se(ours["ef_mse"])[0] <= paper["ef_mse"][method][0] / 3 and mean_se(ours["ev_rae"])[0] <= paper["ev_rae"][method][0]
+    return (
+        mean_se(ours["ef_mse"])[0] <= paper["ef_mse"][method][0] / 3
+        and mean_se(ours["ev_rae"])[0] <= paper["ev_rae"][method][0]
+    )
 
 
 def main_table(table: TableConfig, cells: dict) -> str:
@@ -88,7 +98,11 @@ def main_table(table: TableConfig, cells: dict) -> str:
                     lines.append(f"| {label} | {name} | {recipe} recipe | " + " | ".join(values) + " |")
                 paper = PAPER_TABLE.get((kernel, rank))
                 if paper:
-                    lines.append(f"| {label} | {name} | the paper | " + " | ".join(f"{paper[metric][m][0]:.3f} ± {paper[metric][m][1]:.3f}" for m in METHODS) + " |")
+                    lines.append(
+                        f"| {label} | {name} | the paper | "
+                        + " | ".join(f"{paper[metric][m][0]:.3f} ± {paper[metric][m][1]:.3f}" for m in METHODS)
+                        + " |"
+                    )
     return "\n".join(lines) + "\n"
 
 
@@ -109,7 +123,9 @@ def goal_table(table: TableConfig, cells: dict, recipe: str = "eigtrain") -> str
         if cell := cells.get((recipe, kernel, rank)):
             ok = [meets_goal(cell, kernel, rank, m) for m in METHODS if m in cell["methods"]]
             met, total = met + sum(ok), total + len(ok)
-            marks = (("yes" if meets_goal(cell, kernel, rank, m) else "no") if m in cell["methods"] else "—" for m in METHODS)
+            marks = (
+                ("yes" if meets_goal(cell, kernel, rank, m) else "no") if m in cell["methods"] else "—" for m in METHODS
+            )
             lines.append(f"| {kernel} r={rank} | " + " | ".join(marks) + " |")
     return f"Cells meeting the goal ({recipe} recipe): **{met} of {total}**.\n\n" + "\n".join(lines) + "\n"
 
@@ -122,19 +138,28 @@ def union_table(table: TableConfig, cells: dict) -> str:
     for kernel, rank in kernel_ranks(table):
         marks = []
         for m in METHODS:
-            runs = [(r, cells[(r, kernel, rank)]) for r in recipes if m in cells.get((r, kernel, rank), {"methods": {}})["methods"]]
+            runs = [
+                (r, cells[(r, kernel, rank)])
+                for r in recipes
+                if m in cells.get((r, kernel, rank), {"methods": {}})["methods"]
+            ]
             meeting = [r for r, cell in runs if meets_goal(cell, kernel, rank, m)]
             met += bool(meeting)
             marks.append(f"yes ({', '.join(meeting)})" if meeting else ("no" if runs else "not run"))
         lines.append(f"| {kernel} r={rank} | " + " | ".join(marks) + " |")
     total = len(table.kernels) * len(table.ranks) * len(METHODS)
-    return (f"Cells meeting the goal with any of {', '.join(recipes)}: **{met} of {total}**.\n\n" + "\n".join(lines) + "\n"
-            + "\nThe same budgets' values (EF-MSE / EV-RAE, mean ± s.e. over seeds; **bold: goal met**):\n\n"
-            + union_values_table(table, cells))
+    return (
+        f"Cells meeting the goal with any of {', '.join(recipes)}: **{met} of {total}**.\n\n"
+        + "\n".join(lines)
+        + "\n"
+        + "\nThe same budgets' values (EF-MSE / EV-RAE, mean ± s.e. over seeds; **bold: goal met**):\n\n"
+        + union_values_table(table, cells)
+    )
 
 
 def union_values_table(table: TableConfig, cells: dict) -> str:
     """One row per budget that ran a cell, then the paper's row: the numbers behind union_table."""
+
     def value(cell: dict, kernel: str, rank: int, m: str) -> str:
         if m not in cell["methods"]:
             return "not run"
@@ -145,26 +170,48 @@ def union_values_table(table: TableConfig, cells: dict) -> str:
     for kernel, rank in kernel_ranks(table):
         for recipe in table.union:
             if cell := cells.get((recipe, kernel, rank)):
-                lines.append(f"| {kernel.capitalize()} r={rank} `{recipe}` | " + " | ".join(value(cell, kernel, rank, m) for m in METHODS) + " |")
+                lines.append(
+                    f"| {kernel.capitalize()} r={rank} `{recipe}` | "
+                    + " | ".join(value(cell, kernel, rank, m) for m in METHODS)
+                    + " |"
+                )
         paper = PAPER_TABLE[(kernel, rank)]
-        lines.append("| the paper | " + " | ".join(f"{paper['ef_mse'][m][0]:.3f} / {paper['ev_rae'][m][0]:.3f}" for m in METHODS) + " |")
+        lines.append(
+            "| the paper | "
+            + " | ".join(f"{paper['ef_mse'][m][0]:.3f} / {paper['ev_rae'][m][0]:.3f}" for m in METHODS)
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def extractions_table(table: TableConfig, cells: dict) -> str:
-    lines = ["| Recipe | Kernel | Method | reported | " + " | ".join(EXTRACTIONS) + " |", "|---|---|---|---|" + "---|" * len(EXTRACTIONS)]
+    lines = [
+        "| Recipe | Kernel | Method | reported | " + " | ".join(EXTRACTIONS) + " |",
+        "|---|---|---|---|" + "---|" * len(EXTRACTIONS),
+    ]
     for (recipe, kernel, rank), cell in sorted(cells.items()):
         for m in METHODS:
             ours = cell["methods"].get(m)
             if not ours:
                 continue
-            alts = [f"{mean_se(ours['extractions'][e]['ef_mse'])[0]:.3f} / {mean_se(ours['extractions'][e]['ev_rae'])[0]:.3f}" for e in EXTRACTIONS if e in ours["extractions"]]
-            lines.append(f"| {recipe} | {kernel} r={rank} | {METHOD_LABELS[m]} | {ours['extraction']} | " + " | ".join(alts) + " |")
+            alts = [
+                f"{mean_se(ours['extractions'][e]['ef_mse'])[0]:.3f} / {mean_se(ours['extractions'][e]['ev_rae'])[0]:.3f}"
+                for e in EXTRACTIONS
+                if e in ours["extractions"]
+            ]
+            lines.append(
+                f"| {recipe} | {kernel} r={rank} | {METHOD_LABELS[m]} | {ours['extraction']} | "
+                + " | ".join(alts)
+                + " |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def per_function_table(table: TableConfig, cells: dict) -> str:
-    lines = ["| Recipe | Kernel | Method | EF-MSE per function (mean over seeds) | EV-RAE per function | eigenvalues true / estimated (seed 0) |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| Recipe | Kernel | Method | EF-MSE per function (mean over seeds) | EV-RAE per function | eigenvalues true / estimated (seed 0) |",
+        "|---|---|---|---|---|---|",
+    ]
     for (recipe, kernel, rank), cell in sorted(cells.items()):
         for m in METHODS:
             ours = cell["methods"].get(m)
@@ -203,7 +250,9 @@ def plot(cells: dict, path: Path, rank: int = 8) -> bool:
             ax.plot(cell["curve_grid"], true, color="gray", lw=3, alpha=0.5, label="true")
             pad = 0.5 + 0.2 * (max(true) - min(true))
             ax.set_ylim(min(true) - pad, max(true) + pad)
-            ax.set_title(f"{recipe}: {kernel} r={rank} ψ{i + 1}" + (" (a, a)" if kernel == "fourier" else ""), fontsize=8)
+            ax.set_title(
+                f"{recipe}: {kernel} r={rank} ψ{i + 1}" + (" (a, a)" if kernel == "fourier" else ""), fontsize=8
+            )
         axes[row, 0].legend(fontsize=5)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -216,10 +265,29 @@ def budgets(cells: dict) -> str:
     lines = []
     for (recipe, kernel, rank), cell in sorted(cells.items()):
         c = stored_with_defaults(cell["config"])
-        keys = {k: c[k] for k in ("steps", "batch_size", "lr", "adam_beta2", "schedule", "constant_mode",
-                "fourier_features", "train_samples", "extraction_pairs", "rr_samples", "rr_tail", "rr_mode", "jn_readoff", "eval_samples")}
-        lines.append(f"- {recipe} / {kernel} r={rank}: seeds {cell['seeds']}, steps {c['steps']} ({c['steps'] / PAPER_STEPS:.3g} of the "
-                     f"paper's {PAPER_STEPS}), {len(cell['methods']) * len(cell['seeds'])} runs in {cell['wall_seconds']:.0f} s; {keys}")
+        keys = {
+            k: c[k]
+            for k in (
+                "steps",
+                "batch_size",
+                "lr",
+                "adam_beta2",
+                "schedule",
+                "constant_mode",
+                "fourier_features",
+                "train_samples",
+                "extraction_pairs",
+                "rr_samples",
+                "rr_tail",
+                "rr_mode",
+                "jn_readoff",
+                "eval_samples",
+            )
+        }
+        lines.append(
+            f"- {recipe} / {kernel} r={rank}: seeds {cell['seeds']}, steps {c['steps']} ({c['steps'] / PAPER_STEPS:.3g} of the "
+            f"paper's {PAPER_STEPS}), {len(cell['methods']) * len(cell['seeds'])} runs in {cell['wall_seconds']:.0f} s; {keys}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -228,19 +296,20 @@ def make_table(table: TableConfig) -> str:
     png = Path(table.dir) / "eigenfunctions.png"
     has_png = plot(cells, png)
     text = (
-        "Budgets and settings per cell file:\n\n" + budgets(cells)
-        + "\n" + main_table(table, cells)
+        "Budgets and settings per cell file:\n\n"
+        + budgets(cells)
+        + "\n"
+        + main_table(table, cells)
         + "".join("\n" + goal_table(table, cells, recipe) for recipe in table.goal)
         + ("\n" + union_table(table, cells) if table.union else "")
         + "\nEvery extraction of the same runs (EF-MSE / EV-RAE, mean over seeds): `ordered_paper` is the paper's plain "
         "read-off, `ordered_gs` eigtrain's, `rr_paper` appendix F, `rr_generalized` eigtrain's Rayleigh-Ritz:\n\n"
         + extractions_table(table, cells)
-        + "\nPer-function errors:\n\n" + per_function_table(table, cells)
+        + "\nPer-function errors:\n\n"
+        + per_function_table(table, cells)
         + (f"\n![estimated vs true eigenfunctions, r = 8, seed 0]({png.name})\n" if has_png else "")
     )
     if table.out:
         Path(table.out).parent.mkdir(parents=True, exist_ok=True)
         Path(table.out).write_text(text)
     return text
-
-

@@ -90,9 +90,23 @@ class PairStream:
 
 # Keys that change how the encoders train: members of one ensemble must agree on all of them.
 TRAINING_KEYS = (
-    "kernel", "rank", "input_dim", "constant_mode", "steps", "batch_size", "lr", "schedule", "warmup_steps",
-    "adam_beta1", "adam_beta2",
-    "final_lr_ratio", "fourier_features", "width", "depth", "train_samples", "rr_tail",
+    "kernel",
+    "rank",
+    "input_dim",
+    "constant_mode",
+    "steps",
+    "batch_size",
+    "lr",
+    "schedule",
+    "warmup_steps",
+    "adam_beta1",
+    "adam_beta2",
+    "final_lr_ratio",
+    "fourier_features",
+    "width",
+    "depth",
+    "train_samples",
+    "rr_tail",
 )
 
 
@@ -129,7 +143,14 @@ def train(cfgs: list[SyntheticConfig], kernel: SyntheticKernel, tail_accumulator
     cfg = cfgs[0]
     ensemble = EnsembleEncoder([build_encoder(c, kernel) for c in cfgs])
     objectives = [
-        build_objective(c.objective, c.dim, nesting="joint" if c.extraction == "joint" else "none", distributed=False, pairs=False, **objective_coefficients(c))
+        build_objective(
+            c.objective,
+            c.dim,
+            nesting="joint" if c.extraction == "joint" else "none",
+            distributed=False,
+            pairs=False,
+            **objective_coefficients(c),
+        )
         for c in cfgs
     ]
     seeds = sorted({c.seed for c in cfgs})
@@ -158,8 +179,10 @@ def train(cfgs: list[SyntheticConfig], kernel: SyntheticKernel, tail_accumulator
         skipped = torch.where(finite, 0, skipped + 1)  # never apply a non-finite step
         if (skipped > MAX_SKIPPED_STEPS).any():
             bad = torch.nonzero(skipped > MAX_SKIPPED_STEPS).flatten().tolist()
-            raise FloatingPointError(f"non-finite loss or gradient in {MAX_SKIPPED_STEPS + 1} consecutive steps for run(s) "
-                                     f"{[f'{cfgs[m].objective}-{cfgs[m].extraction} seed {cfgs[m].seed}' for m in bad]} (step {step}); lower lr")
+            raise FloatingPointError(
+                f"non-finite loss or gradient in {MAX_SKIPPED_STEPS + 1} consecutive steps for run(s) "
+                f"{[f'{cfgs[m].objective}-{cfgs[m].extraction} seed {cfgs[m].seed}' for m in bad]} (step {step}); lower lr"
+            )
         optimizer.step(lr, finite)
         if tail_accumulators is not None and step >= tail_start:
             for m, acc in enumerate(tail_accumulators):
@@ -168,13 +191,15 @@ def train(cfgs: list[SyntheticConfig], kernel: SyntheticKernel, tail_accumulator
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
             elapsed = time.perf_counter() - start
             for m in range(len(cfgs)):
-                histories[m].append({
-                    "step": step + 1,
-                    "loss": losses[m].item(),
-                    "lr": lr,
-                    "eigenvalues": [round(v, 5) for v in terms[m]["eigenvalues"].tolist()],
-                    "seconds": round(elapsed, 1),
-                })
+                histories[m].append(
+                    {
+                        "step": step + 1,
+                        "loss": losses[m].item(),
+                        "lr": lr,
+                        "eigenvalues": [round(v, 5) for v in terms[m]["eigenvalues"].tolist()],
+                        "seconds": round(elapsed, 1),
+                    }
+                )
             print(
                 f"step {step + 1}/{cfg.steps} lr {lr:.2e} losses {[round(v, 5) for v in losses.tolist()]} "
                 f"{(step + 1) / elapsed:.1f} steps/s ({len(cfgs)} runs)",
@@ -188,8 +213,14 @@ def train_single(cfg: SyntheticConfig, kernel: SyntheticKernel) -> SyntheticEnco
     """One run, unbatched: nn.Linear layers and torch.optim.Adam, as one process per run trains. The
     reference that the ensemble's members must equal (tests) and the baseline of its speed-up (tools)."""
     encoder = build_encoder(cfg, kernel)
-    objective = build_objective(cfg.objective, cfg.dim, nesting="joint" if cfg.extraction == "joint" else "none",
-                                distributed=False, pairs=False, **objective_coefficients(cfg))
+    objective = build_objective(
+        cfg.objective,
+        cfg.dim,
+        nesting="joint" if cfg.extraction == "joint" else "none",
+        distributed=False,
+        pairs=False,
+        **objective_coefficients(cfg),
+    )
     optimizer = torch.optim.Adam(encoder.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2))
     stream = PairStream(kernel, cfg, generator(cfg.seed, STREAM_TRAIN))
     for step in range(cfg.steps):

@@ -21,8 +21,9 @@ def options(group: str) -> list[str]:
     return sorted(p.name.removesuffix(".yaml") for p in (CONFIGS / group).iterdir() if p.name.endswith(".yaml"))
 
 
-GROUP_OPTIONS = [(g, o) for g in ("objective", "nesting", "model", "data", "engine", "optim", "launcher")
-                 for o in options(g)]
+GROUP_OPTIONS = [
+    (g, o) for g in ("objective", "nesting", "model", "data", "engine", "optim", "launcher") for o in options(g)
+]
 
 
 def test_every_group_and_experiment_is_found():
@@ -57,15 +58,24 @@ def test_data_and_model_keys_are_typed():
     assert list(cfg.data.image_size) == [32, 32] and cfg.optim.lr == 1
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["+stepz=1"], r"^unknown key 'stepz'; allowed: .*\bsteps\b"),
-    (["+data.pin_memry=true"], r"^unknown key 'data.pin_memry'; allowed: .*pin_memory"),
-    (["+objective.mu=3"], r"^unknown key 'objective.mu'; allowed: name, center, normalize, constant_mode, reduction, reduction_flops_per_byte$"),
-    (["objective=rq", "+objective.lam=3"], r"^unknown key 'objective.lam'; allowed: name, mu, nu, center, reduction, reduction_flops_per_byte$"),
-    (["optim=adamw", "+optim.momentum=0.5"], r"^unknown key 'optim.momentum'; allowed: .*betas, eps$"),
-    (["launcher=slurm", "+launcher.gpus=8"], r"^unknown key 'launcher.gpus'; allowed: .*gpus_per_node"),
-    (["objective.name=simclr"], r"^objective.name='simclr' is not allowed; allowed: lora, .*vicreg_paper"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["+stepz=1"], r"^unknown key 'stepz'; allowed: .*\bsteps\b"),
+        (["+data.pin_memry=true"], r"^unknown key 'data.pin_memry'; allowed: .*pin_memory"),
+        (
+            ["+objective.mu=3"],
+            r"^unknown key 'objective.mu'; allowed: name, center, normalize, constant_mode, reduction, reduction_flops_per_byte$",
+        ),
+        (
+            ["objective=rq", "+objective.lam=3"],
+            r"^unknown key 'objective.lam'; allowed: name, mu, nu, center, reduction, reduction_flops_per_byte$",
+        ),
+        (["optim=adamw", "+optim.momentum=0.5"], r"^unknown key 'optim.momentum'; allowed: .*betas, eps$"),
+        (["launcher=slurm", "+launcher.gpus=8"], r"^unknown key 'launcher.gpus'; allowed: .*gpus_per_node"),
+        (["objective.name=simclr"], r"^objective.name='simclr' is not allowed; allowed: lora, .*vicreg_paper"),
+    ],
+)
 def test_schema_rejects_unknown_keys_per_option_in_one_line(overrides, message):
     cfg = compose_config(overrides)
     with pytest.raises(ConfigError, match=message) as error:
@@ -115,6 +125,7 @@ def test_schema_is_registered_as_the_base_of_train_yaml():
 
 # ------------------------------------------------------------------------------------- sweeps
 
+
 def test_sweep_point_directory_is_a_function_of_the_point_only():
     a = sweep_point(["optim.lr=0.05", "experiment=cpu_debug", "launcher.time=30", "run_dir=/x", "stop_after=3"])
     b = sweep_point(["experiment=cpu_debug", "optim.lr=0.05", "logging.progress=false"])
@@ -129,13 +140,16 @@ def test_sweep_point_directory_is_a_function_of_the_point_only():
 
 def test_sweep_points_check_every_value():
     points = sweep_points(["experiment=cpu_debug", "optim.lr=0.05,0.1", "seed=range(3)"])
-    assert points == [["experiment=cpu_debug", "optim.lr=0.05", "seed=0"],
-                      ["experiment=cpu_debug", "optim.lr=0.1", "seed=0"],
-                      ["experiment=cpu_debug", "optim.lr=0.05", "seed=1"],
-                      ["experiment=cpu_debug", "optim.lr=0.05", "seed=2"]]
+    assert points == [
+        ["experiment=cpu_debug", "optim.lr=0.05", "seed=0"],
+        ["experiment=cpu_debug", "optim.lr=0.1", "seed=0"],
+        ["experiment=cpu_debug", "optim.lr=0.05", "seed=1"],
+        ["experiment=cpu_debug", "optim.lr=0.05", "seed=2"],
+    ]
 
 
 # ---------------------------------------------------------------------- small commands' schemas
+
 
 @dataclasses.dataclass
 class Inner:
@@ -159,10 +173,27 @@ PRESETS = {"big": {"steps": 1000, "rate": 0.1}}
 
 
 def test_compose_dataclass_keeps_the_command_line_syntax():
-    args = compose_dataclass(Args, ["path=/d/{000..009}.tar", "names=a,b", "steps=3e5", "flag=true", "dims=[4,16]",
-                                    "inner.size=300_000", "inner.kwargs.num_classes=0", "inner.kwargs.name=x"])
-    assert args == Args(path="/d/{000..009}.tar", names="a,b", steps=300_000, flag=True, dims=[4, 16],
-                        inner=Inner(size=300_000, kwargs={"num_classes": 0, "name": "x"}))
+    args = compose_dataclass(
+        Args,
+        [
+            "path=/d/{000..009}.tar",
+            "names=a,b",
+            "steps=3e5",
+            "flag=true",
+            "dims=[4,16]",
+            "inner.size=300_000",
+            "inner.kwargs.num_classes=0",
+            "inner.kwargs.name=x",
+        ],
+    )
+    assert args == Args(
+        path="/d/{000..009}.tar",
+        names="a,b",
+        steps=300_000,
+        flag=True,
+        dims=[4, 16],
+        inner=Inner(size=300_000, kwargs={"num_classes": 0, "name": "x"}),
+    )
     assert compose_dataclass(Args, ["path=null"]).path is None
     assert compose_dataclass(Args, ["path=it's"]).path == "it's"
 
@@ -183,14 +214,17 @@ def test_compose_dataclass_presets_are_a_config_group_and_explicit_keys_win():
         compose_dataclass(Args, ["preset=huge"], groups={"preset": PRESETS})
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["stepz=3"], r"^unknown key 'stepz'; allowed: path, names, steps"),
-    (["inner.sise=3"], r"^unknown key 'inner.sise'; allowed: size, kwargs$"),
-    (["steps=ten"], r"^bad value for steps: Value 'ten' of type 'str' could not be converted to Integer$"),
-    (["steps=1.5"], r"^bad value for steps"),
-    (["flag=maybe"], r"^bad value for flag"),
-    (["steps"], r"^arguments are key=value, got 'steps'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["stepz=3"], r"^unknown key 'stepz'; allowed: path, names, steps"),
+        (["inner.sise=3"], r"^unknown key 'inner.sise'; allowed: size, kwargs$"),
+        (["steps=ten"], r"^bad value for steps: Value 'ten' of type 'str' could not be converted to Integer$"),
+        (["steps=1.5"], r"^bad value for steps"),
+        (["flag=maybe"], r"^bad value for flag"),
+        (["steps"], r"^arguments are key=value, got 'steps'"),
+    ],
+)
 def test_compose_dataclass_errors_are_one_line_naming_the_key(argv, message):
     with pytest.raises(ValueError, match=message) as error:
         compose_dataclass(Args, argv)

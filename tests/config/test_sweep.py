@@ -12,24 +12,70 @@ from eigtrain.schema import NOT_RESULT_KEYS, TrainConfig, names_point, sweep_poi
 
 POINT = ["experiment=cpu_debug", "optim.lr=0.05", "seed=1"]
 # Keys that change nothing trained: where and how fast it runs, what it logs, when this invocation stops.
-RUN_KEYS = ["checkpoint_every=7", "log_every=3", "keep_last=1", "data.num_workers=4", "logging.wandb.mode=online",
-            "logging.progress=false", "monitor.every=50", "stop_after=10", "launcher=slurm", "launcher.time=30",
-            "run_dir=/elsewhere", "name=again", "device=cpu", "cpu_threads=2", "data.io_timeout_s=5",
-            "data.prefetch_factor=4", "+launcher.additional_parameters.hold=true", "dist_timeout_s=60"]
+RUN_KEYS = [
+    "checkpoint_every=7",
+    "log_every=3",
+    "keep_last=1",
+    "data.num_workers=4",
+    "logging.wandb.mode=online",
+    "logging.progress=false",
+    "monitor.every=50",
+    "stop_after=10",
+    "launcher=slurm",
+    "launcher.time=30",
+    "run_dir=/elsewhere",
+    "name=again",
+    "device=cpu",
+    "cpu_threads=2",
+    "data.io_timeout_s=5",
+    "data.prefetch_factor=4",
+    "+launcher.additional_parameters.hold=true",
+    "dist_timeout_s=60",
+]
 # Keys that change the trained result, each one a different point.
-RESULT_KEYS = ["optim.lr=0.1", "seed=2", "steps=500", "batch_size=128", "micro_batch_size=16", "dim=32",
-               "objective=vicreg", "nesting=joint", "model.width=64", "data.shuffle_block=10", "data.mix_shards=2",
-               "data.augment=cifar", "engine.precision=bf16", "optim.weight_decay=0.01", "data.root=/data/other"]
+RESULT_KEYS = [
+    "optim.lr=0.1",
+    "seed=2",
+    "steps=500",
+    "batch_size=128",
+    "micro_batch_size=16",
+    "dim=32",
+    "objective=vicreg",
+    "nesting=joint",
+    "model.width=64",
+    "data.shuffle_block=10",
+    "data.mix_shards=2",
+    "data.augment=cifar",
+    "engine.precision=bf16",
+    "optim.weight_decay=0.01",
+    "data.root=/data/other",
+]
 
 
 @pytest.mark.slow
 def test_two_point_multirun_trains_in_two_run_directories_with_different_losses(tmp_path):
     sweep = tmp_path / "sweep"
-    args = ["-m", "experiment=cpu_debug", "optim.lr=0.05,0.5", "steps=4", "checkpoint_every=2", "log_every=1",
-            f"run_dir={sweep}", f"data.root={tmp_path / 'digits'}", "logging.wandb.mode=disabled", "logging.progress=false"]
+    args = [
+        "-m",
+        "experiment=cpu_debug",
+        "optim.lr=0.05,0.5",
+        "steps=4",
+        "checkpoint_every=2",
+        "log_every=1",
+        f"run_dir={sweep}",
+        f"data.root={tmp_path / 'digits'}",
+        "logging.wandb.mode=disabled",
+        "logging.progress=false",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    out = subprocess.run([sys.executable, "-m", "eigtrain.train", *args], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "eigtrain.train", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
 
     # named by the point's result-changing overrides, sorted, without where/how it runs (run_dir, logging.*,
@@ -82,13 +128,28 @@ def test_a_point_name_carries_no_credential_and_survives_a_new_signature():
 @pytest.mark.slow
 def test_a_requeue_that_changes_only_run_keys_resumes_its_point(tmp_path):
     sweep = tmp_path / "sweep"
-    common = ["-m", "experiment=cpu_debug", "steps=4", f"run_dir={sweep}", f"data.root={tmp_path / 'digits'}",
-              "logging.wandb.mode=disabled", "logging.progress=false"]
+    common = [
+        "-m",
+        "experiment=cpu_debug",
+        "steps=4",
+        f"run_dir={sweep}",
+        f"data.root={tmp_path / 'digits'}",
+        "logging.wandb.mode=disabled",
+        "logging.progress=false",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
-    for extra in (["stop_after=2", "checkpoint_every=2", "log_every=1"],  # the first submission stops at step 2
-                  ["checkpoint_every=3", "log_every=2", "data.num_workers=0", "keep_last=1"]):  # the requeue
-        out = subprocess.run([sys.executable, "-m", "eigtrain.train", *common, *extra], capture_output=True,
-                             text=True, timeout=300, cwd=tmp_path, env=env)
+    for extra in (
+        ["stop_after=2", "checkpoint_every=2", "log_every=1"],  # the first submission stops at step 2
+        ["checkpoint_every=3", "log_every=2", "data.num_workers=0", "keep_last=1"],
+    ):  # the requeue
+        out = subprocess.run(
+            [sys.executable, "-m", "eigtrain.train", *common, *extra],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+            env=env,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
     (point,) = [p for p in sweep.iterdir() if p.is_dir()]
     steps = [json.loads(line)["step"] for line in (point / "metrics.jsonl").read_text().splitlines()]

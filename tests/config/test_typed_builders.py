@@ -29,8 +29,9 @@ def test_optimizers_take_their_dataclass_and_its_defaults():
 def test_schedule_and_engine_read_typed_configs():
     optim = SGDConfig(lr=0.1, warmup_steps=10)
     assert lr_at(0, optim, 100) == pytest.approx(0.01) and lr_at(100, optim, 100) == pytest.approx(0.0, abs=1e-12)
-    engine = build_engine(EngineConfig(), optim, torch.nn.Linear(3, 2), device=torch.device("cpu"),
-                          micro_batch_size=4, grad_accum_steps=1)
+    engine = build_engine(
+        EngineConfig(), optim, torch.nn.Linear(3, 2), device=torch.device("cpu"), micro_batch_size=4, grad_accum_steps=1
+    )
     assert engine.optimizer.defaults["momentum"] == SGDConfig.momentum
 
 
@@ -41,7 +42,8 @@ def test_encoder_defaults_are_the_schemas():
     assert len(linears) == ModelConfig.projector_layers + 1
     partial = build_encoder({"backbone": "tiny_cnn", "width": 4}, dim=6, input_shape=(1, 8, 8))
     assert [m.out_features for m in partial.projector if isinstance(m, torch.nn.Linear)] == [
-        m.out_features for m in linears]
+        m.out_features for m in linears
+    ]
 
 
 def test_metrics_log_and_monitor_take_typed_configs(tmp_path):
@@ -51,11 +53,17 @@ def test_metrics_log_and_monitor_take_typed_configs(tmp_path):
 
 def test_no_config_default_is_read_at_a_call_site():
     """`cfg.get(key, default)` / `getattr(cfg, key, default)` on a config would be a second copy of a default."""
-    pattern = re.compile(r"(cfg|data|config)\w*\.get\(\s*[\"'][\w.]+[\"']\s*,|getattr\(\s*\w*cfg\w*\s*,\s*[^,]+,"
-                         r"|OmegaConf\.select\([^)]*default=")
-    hits = [f"{path.relative_to(REPO)}:{n}" for path in sorted((REPO / "eigtrain").rglob("*.py"))
-            if "synthetic" not in path.parts  # its own override parser is being retired separately
-            for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    pattern = re.compile(
+        r"(cfg|data|config)\w*\.get\(\s*[\"'][\w.]+[\"']\s*,|getattr\(\s*\w*cfg\w*\s*,\s*[^,]+,"
+        r"|OmegaConf\.select\([^)]*default="
+    )
+    hits = [
+        f"{path.relative_to(REPO)}:{n}"
+        for path in sorted((REPO / "eigtrain").rglob("*.py"))
+        if "synthetic" not in path.parts  # its own override parser is being retired separately
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert not hits, hits
 
 

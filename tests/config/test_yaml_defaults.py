@@ -12,13 +12,29 @@ import pytest
 import yaml
 from omegaconf import MISSING, OmegaConf
 
-from eigtrain.schema import (LAUNCHER_SCHEMAS, OPTIM_SCHEMAS, DataConfig, EngineConfig, ModelConfig, NestingConfig,
-                             TrainConfig, fill_option_defaults, objective_schema)
+from eigtrain.schema import (
+    LAUNCHER_SCHEMAS,
+    OPTIM_SCHEMAS,
+    DataConfig,
+    EngineConfig,
+    ModelConfig,
+    NestingConfig,
+    TrainConfig,
+    fill_option_defaults,
+    objective_schema,
+)
 from eigtrain.train import compose_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-GROUPS = {"data": DataConfig, "engine": EngineConfig, "model": ModelConfig, "nesting": NestingConfig,
-          "optim": OPTIM_SCHEMAS.get, "launcher": LAUNCHER_SCHEMAS.get, "objective": objective_schema}
+GROUPS = {
+    "data": DataConfig,
+    "engine": EngineConfig,
+    "model": ModelConfig,
+    "nesting": NestingConfig,
+    "optim": OPTIM_SCHEMAS.get,
+    "launcher": LAUNCHER_SCHEMAS.get,
+    "objective": objective_schema,
+}
 FILES = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml"))
 
 
@@ -49,14 +65,24 @@ def _restated(body: dict, defaults: dict, prefix: str = "") -> list[str]:
 
 def _same_number(value, default) -> bool:
     numbers = (int, float)
-    return isinstance(value, numbers) and isinstance(default, numbers) and not isinstance(value, bool) \
-        and not isinstance(default, bool) and value == default
+    return (
+        isinstance(value, numbers)
+        and isinstance(default, numbers)
+        and not isinstance(value, bool)
+        and not isinstance(default, bool)
+        and value == default
+    )
 
 
 def _composed_without_body(body: dict) -> dict:
     """The config an experiment starts from: train.yaml with the options of the experiment's defaults list."""
-    picks = [f"{k.split('/')[-1]}={v}" for item in body.get("defaults", []) if isinstance(item, dict)
-             for k, v in item.items() if k.startswith("override ")]
+    picks = [
+        f"{k.split('/')[-1]}={v}"
+        for item in body.get("defaults", [])
+        if isinstance(item, dict)
+        for k, v in item.items()
+        if k.startswith("override ")
+    ]
     cfg = compose_config(picks)
     fill_option_defaults(cfg)
     return OmegaConf.to_container(cfg, resolve=False)
@@ -78,16 +104,22 @@ def test_yaml_sets_only_what_differs_from_the_defaults(name):
 
 
 def test_the_check_sees_a_restated_default():
-    assert _restated({"lr": 0.1, "momentum": 0.9, "nesterov": True}, _defaults(OPTIM_SCHEMAS["sgd"])) == \
-        ["lr: 0.1", "momentum: 0.9"]
-    assert _restated({"logging": {"wandb": {"mode": "offline"}}, "steps": 5}, _defaults(TrainConfig)) == \
-        ["logging.wandb.mode: 'offline'"]
+    assert _restated({"lr": 0.1, "momentum": 0.9, "nesterov": True}, _defaults(OPTIM_SCHEMAS["sgd"])) == [
+        "lr: 0.1",
+        "momentum: 0.9",
+    ]
+    assert _restated({"logging": {"wandb": {"mode": "offline"}}, "steps": 5}, _defaults(TrainConfig)) == [
+        "logging.wandb.mode: 'offline'"
+    ]
 
 
-@pytest.mark.parametrize("overrides, key, value", [
-    (["optim.momentum=0.5"], "optim.momentum", 0.5),  # sgd.yaml does not set it: its dataclass brings it
-    (["objective=rq", "objective.mu=3"], "objective.mu", 3.0),
-    (["launcher=slurm", "launcher.gpus_per_node=2"], "launcher.gpus_per_node", 2),
-])
+@pytest.mark.parametrize(
+    "overrides, key, value",
+    [
+        (["optim.momentum=0.5"], "optim.momentum", 0.5),  # sgd.yaml does not set it: its dataclass brings it
+        (["objective=rq", "objective.mu=3"], "objective.mu", 3.0),
+        (["launcher=slurm", "launcher.gpus_per_node=2"], "launcher.gpus_per_node", 2),
+    ],
+)
 def test_a_key_its_option_file_leaves_to_the_default_takes_an_override(overrides, key, value):
     assert OmegaConf.select(compose_config(overrides), key) == value

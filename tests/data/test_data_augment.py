@@ -5,9 +5,8 @@ import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
 
-from eigtrain.data import build_augment
 from eigtrain.data import augment as A
-from eigtrain.data import augment_draws, augment_ops
+from eigtrain.data import augment_draws, augment_ops, build_augment
 from eigtrain.data.augment_recipes import NORMALIZATION, PRESETS, ViewRecipe
 
 
@@ -16,12 +15,15 @@ def images(batch, channels, size, seed=0):
     return torch.randint(0, 256, (batch, channels, *size), generator=g, dtype=torch.uint8)
 
 
-@pytest.mark.parametrize("preset,channels,size,out", [
-    ("cifar", 3, (32, 32), (32, 32)),
-    ("imagenet", 3, (40, 48), (32, 32)),
-    ("digits", 1, (8, 8), (8, 8)),
-    ("none", 3, (12, 12), (12, 12)),
-])
+@pytest.mark.parametrize(
+    "preset,channels,size,out",
+    [
+        ("cifar", 3, (32, 32), (32, 32)),
+        ("imagenet", 3, (40, 48), (32, 32)),
+        ("digits", 1, (8, 8), (8, 8)),
+        ("none", 3, (12, 12), (12, 12)),
+    ],
+)
 def test_presets_give_per_sample_different_views_of_the_right_shape_and_range(preset, channels, size, out):
     augment = build_augment(preset, image_size=out)
     same = images(1, channels, size).expand(16, -1, -1, -1).contiguous()  # one image, 16 times
@@ -64,10 +66,15 @@ def test_imagenet_views_are_asymmetric_as_in_vicreg():
     assert 0.05 < dark < 0.45  # about 20 % of view 2
 
 
-@pytest.mark.parametrize("op,reference", [
-    (augment_ops._brightness, TF.adjust_brightness), (augment_ops._contrast, TF.adjust_contrast),
-    (augment_ops._saturation, TF.adjust_saturation), (augment_ops._hue, TF.adjust_hue),
-])
+@pytest.mark.parametrize(
+    "op,reference",
+    [
+        (augment_ops._brightness, TF.adjust_brightness),
+        (augment_ops._contrast, TF.adjust_contrast),
+        (augment_ops._saturation, TF.adjust_saturation),
+        (augment_ops._hue, TF.adjust_hue),
+    ],
+)
 def test_color_ops_equal_torchvision_per_image(op, reference):
     x = images(16, 3, (9, 7)).float() / 255
     lo, hi = (-0.5, 0.5) if op is augment_ops._hue else (0.0, 2.0)
@@ -115,8 +122,16 @@ def test_crops_come_from_each_images_valid_region_of_a_padded_batch():
 def test_cpu_and_accelerator_paths_make_the_same_per_sample_choices(monkeypatch):
     """The CPU path runs each operation only on the samples that drew it; the accelerator path runs it on the whole
     batch and selects with torch.where. With whole-image crops both must give the same views."""
-    recipe = ViewRecipe(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.5, jitter=(0.4, 0.4, 0.4, 0.1),
-                          jitter_p=0.8, gray_p=0.3, blur_p=0.5, solarize_p=0.3)
+    recipe = ViewRecipe(
+        crop_scale=(1.0, 1.0),
+        crop_ratio=(1.0, 1.0),
+        flip_p=0.5,
+        jitter=(0.4, 0.4, 0.4, 0.1),
+        jitter_p=0.8,
+        gray_p=0.3,
+        blur_p=0.5,
+        solarize_p=0.3,
+    )
     augment = A.BatchAugment((recipe, recipe), (72, 72), NORMALIZATION["imagenet"][0], NORMALIZATION["imagenet"][1])
     batch = images(24, 3, (72, 72))
     on_cpu = augment.view(batch, torch.Generator().manual_seed(3))

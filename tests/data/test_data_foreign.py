@@ -16,13 +16,21 @@ import numpy as np
 import pytest
 import torch
 
-from eigtrain.schema import ConfigError, validate
-from eigtrain.data import CorruptDataError, ShardError, ShardStream, StreamOptions
-from eigtrain.data import gpu_decode
+from eigtrain.data import CorruptDataError, ShardError, ShardStream, StreamOptions, gpu_decode
 from eigtrain.data.gpu_decode import choose_jpeg_device
 from eigtrain.data.write import main as shards_cli
-from tests.support.foreign_shards import (CLASSES, PATTERN, PER_CLASS, QuietHandler, good_samples, jpeg,
-                                          train_overrides, write_class_ordered, write_shard)
+from eigtrain.schema import ConfigError, validate
+from tests.support.foreign_shards import (
+    CLASSES,
+    PATTERN,
+    PER_CLASS,
+    QuietHandler,
+    good_samples,
+    jpeg,
+    train_overrides,
+    write_class_ordered,
+    write_shard,
+)
 from tests.support.runs import assert_same_final_weights, check, losses, torchrun
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
@@ -32,7 +40,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding 
 def served(tmp_path_factory):
     """(shard directory, base URL) of class-ordered shards behind an HTTP server on 127.0.0.1."""
     directory = write_class_ordered(tmp_path_factory.mktemp("user_shards"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(directory)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(directory))
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield directory, f"http://127.0.0.1:{server.server_address[1]}"
@@ -41,7 +51,9 @@ def served(tmp_path_factory):
 
 
 def stream(url, cache, **kw):
-    args = dict(batch_size=12, num_workers=0, label_key="cls", image_size=16, image_fit="whole", cache_dir=cache, seed=1)
+    args = dict(
+        batch_size=12, num_workers=0, label_key="cls", image_size=16, image_fit="whole", cache_dir=cache, seed=1
+    )
     return ShardStream(shards=url, options=StreamOptions(**{**args, **kw}))
 
 
@@ -50,8 +62,11 @@ def take(s, n):
 
 
 def tree_digest(directory: Path) -> dict:
-    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 def same_batches(got, want):
@@ -79,8 +94,9 @@ def test_http_brace_pattern_counts_once_and_batches_mix_classes(served, tmp_path
     classes_in_order = [len(set(b["label"].tolist())) for b in take(in_order, in_order.batches_per_epoch)]
     assert np.mean(classes_in_order) <= 1.5  # class-ordered shards read one by one: ~1 class per batch
     assert np.mean(classes) >= 4.0 and min(classes) >= 3, classes  # mixed across shards and shuffled
-    assert sorted(k for b in batches for k in b["key"]) == sorted(f"c{c}-{i:03d}" for c in range(CLASSES)
-                                                                   for i in range(PER_CLASS))
+    assert sorted(k for b in batches for k in b["key"]) == sorted(
+        f"c{c}-{i:03d}" for c in range(CLASSES) for i in range(PER_CLASS)
+    )
 
 
 @pytest.mark.slow
@@ -111,7 +127,7 @@ def test_stop_and_resume_mid_epoch_is_bit_identical(served, tmp_path, world):
             torch.save(first.state_dict(), buffer)
             second = stream(f"{base}/{PATTERN}", tmp_path, rank=rank, **kw)
             second.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
-            same_batches(take(second, 4), want[k:k + 4])
+            same_batches(take(second, 4), want[k : k + 4])
 
 
 @pytest.mark.slow
@@ -188,8 +204,12 @@ def test_config_checks_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="data.shards needs data.image_size"):
         validate(compose_config(["experiment=cpu_debug", f"data.shards='{tmp_path}/a-{{0..1}}.tar'"]), 1)
     with pytest.raises(ConfigError, match="2 of the 2 shards of data.shards do not exist"):
-        validate(compose_config(["experiment=cpu_debug", f"data.shards='{tmp_path}/a-{{0..1}}.tar'",
-                                 "data.image_size=[8,8]"]), 1)
+        validate(
+            compose_config(
+                ["experiment=cpu_debug", f"data.shards='{tmp_path}/a-{{0..1}}.tar'", "data.image_size=[8,8]"]
+            ),
+            1,
+        )
 
 
 # ---------------------------------------------------------------------------------------------- GPU decode
@@ -237,11 +257,20 @@ def test_unreachable_url_is_an_error_naming_it_and_counted_skips_when_counts_are
     with pytest.raises(ShardError, match=f"cannot reach shard http://127.0.0.1:{port}/x-0.tar"):
         stream(url, tmp_path, io_timeout_s=5)
     index = tmp_path / "index.json"  # counts known from an index: the read fails, each sample a counted skip
-    index.write_text(json.dumps({"wids_version": 1, "shardlist": [
-        {"url": f"http://127.0.0.1:{port}/x-{i}.tar", "nsamples": 12} for i in range(2)]}))
+    index.write_text(
+        json.dumps(
+            {
+                "wids_version": 1,
+                "shardlist": [{"url": f"http://127.0.0.1:{port}/x-{i}.tar", "nsamples": 12} for i in range(2)],
+            }
+        )
+    )
     s = stream(url, tmp_path, shard_index=str(index), max_corrupt=5, io_timeout_s=5, batch_size=4)
-    with pytest.raises(CorruptDataError, match=f"6 unusable samples .*more than max_corrupt=5; the last: shard "
-                                               f"http://127.0.0.1:{port}/x-.\\.tar, .*cannot reach shard"):
+    with pytest.raises(
+        CorruptDataError,
+        match=f"6 unusable samples .*more than max_corrupt=5; the last: shard "
+        f"http://127.0.0.1:{port}/x-.\\.tar, .*cannot reach shard",
+    ):
         take(s, 6)
 
 
@@ -253,8 +282,11 @@ def test_truncated_tar_is_named_by_the_scan_and_counted_when_indexed(tmp_path):
     with pytest.raises(ShardError, match=r"shard .*t-1.tar cannot be read to its end after \d+ samples"):
         stream(str(tmp_path / "t-{0..1}.tar"), tmp_path / "cache")
     index = tmp_path / "wids-index.json"  # written before the damage, as `eigtrain-shards index` would have
-    index.write_text(json.dumps({"wids_version": 1, "shardlist": [{"url": "t-0.tar", "nsamples": 12},
-                                                                  {"url": "t-1.tar", "nsamples": 12}]}))
+    index.write_text(
+        json.dumps(
+            {"wids_version": 1, "shardlist": [{"url": "t-0.tar", "nsamples": 12}, {"url": "t-1.tar", "nsamples": 12}]}
+        )
+    )
     s = stream(str(tmp_path / "t-{0..1}.tar"), tmp_path / "cache", batch_size=4, max_corrupt=12, shuffle_block=0)
     keys = [k for b in take(s, s.batches_per_epoch) for k in b["key"]]
     assert s.batches_per_epoch == 6 and 0 < s.corrupt_count == 24 - len(keys) <= 12  # short batches, not a short epoch
@@ -268,12 +300,24 @@ def test_undecodable_image_is_a_counted_skip_naming_shard_and_key(tmp_path, jpeg
     samples = good_samples("u", 12)
     samples[5]["jpg"] = b"\xff\xd8 not really a jpeg"
     write_shard(tmp_path / "u-0.tar", samples)
-    s = stream(str(tmp_path / "u-0.tar"), tmp_path / "cache", batch_size=6, max_corrupt=1, shuffle_block=0,
-               jpeg_device=jpeg_device)
+    s = stream(
+        str(tmp_path / "u-0.tar"),
+        tmp_path / "cache",
+        batch_size=6,
+        max_corrupt=1,
+        shuffle_block=0,
+        jpeg_device=jpeg_device,
+    )
     batches = take(s, 2)
     assert [len(b["key"]) for b in batches] == [5, 6] and s.corrupt_count == 1
-    strict = stream(str(tmp_path / "u-0.tar"), tmp_path / "cache", batch_size=6, max_corrupt=0, shuffle_block=0,
-                    jpeg_device=jpeg_device)
+    strict = stream(
+        str(tmp_path / "u-0.tar"),
+        tmp_path / "cache",
+        batch_size=6,
+        max_corrupt=0,
+        shuffle_block=0,
+        jpeg_device=jpeg_device,
+    )
     with pytest.raises(CorruptDataError, match=r"the last: shard .*u-0.tar, key u-05: "):
         take(strict, 1)
 
@@ -283,8 +327,11 @@ def test_sample_without_the_image_member_names_shard_key_and_what_it_has(tmp_pat
     samples[2] = {"__key__": "m-02", "txt": "a caption", "cls": 0}
     write_shard(tmp_path / "m-0.tar", samples)
     s = stream(str(tmp_path / "m-0.tar"), tmp_path / "cache", batch_size=8, max_corrupt=0, image_key="jpg;png")
-    with pytest.raises(CorruptDataError, match=r"shard .*m-0.tar, key m-02: KeyError: .no image member "
-                                               r"jpg\|png; the sample has \['cls', 'txt'\]"):
+    with pytest.raises(
+        CorruptDataError,
+        match=r"shard .*m-0.tar, key m-02: KeyError: .no image member "
+        r"jpg\|png; the sample has \['cls', 'txt'\]",
+    ):
         take(s, 1)
 
 
@@ -294,8 +341,9 @@ def test_label_from_a_json_field(tmp_path):
         del sample["cls"]
         sample["json"] = json.dumps({"meta": {"label": 10 + i}}).encode()
     write_shard(tmp_path / "j-0.tar", samples)
-    batch = take(stream(str(tmp_path / "j-0.tar"), tmp_path / "c", batch_size=4, label_key="json:meta.label",
-                        shuffle_block=0), 1)[0]
+    batch = take(
+        stream(str(tmp_path / "j-0.tar"), tmp_path / "c", batch_size=4, label_key="json:meta.label", shuffle_block=0), 1
+    )[0]
     assert batch["label"].tolist() == [10, 11, 12, 13]
 
 
@@ -317,13 +365,27 @@ def test_login_node_check_of_the_readme_imagenette_job(tmp_path):
 
     pattern = "http://127.0.0.1:9/in-{000000..000037}.tar"  # never contacted: the counts come from the index
     index = tmp_path / "in.json"
-    index.write_text(json.dumps({"wids_version": 1, "shardlist": [
-        {"url": f"http://127.0.0.1:9/in-{i:06d}.tar", "nsamples": 250} for i in range(38)]}))
-    job = ["experiment=cpu_debug", f"data.shards='{pattern}'", f"data.shard_index={index}", "data.image_size=[8,8]",
-           "data.num_workers=6"]
+    index.write_text(
+        json.dumps(
+            {
+                "wids_version": 1,
+                "shardlist": [{"url": f"http://127.0.0.1:9/in-{i:06d}.tar", "nsamples": 250} for i in range(38)],
+            }
+        )
+    )
+    job = [
+        "experiment=cpu_debug",
+        f"data.shards='{pattern}'",
+        f"data.shard_index={index}",
+        "data.image_size=[8,8]",
+        "data.num_workers=6",
+    ]
     validate(compose_config([*job, "batch_size=256"]), 32)  # 8 per rank: 49 samples per slot are enough
-    with pytest.raises(ConfigError, match=r"has 9500 samples, fewer than one batch per reader slot: world_size x "
-                                          r"num_workers x per-rank batch = 32 x 6 x 64; lower data.num_workers"):
+    with pytest.raises(
+        ConfigError,
+        match=r"has 9500 samples, fewer than one batch per reader slot: world_size x "
+        r"num_workers x per-rank batch = 32 x 6 x 64; lower data.num_workers",
+    ):
         validate(compose_config([*job, "batch_size=2048"]), 32)
 
 
@@ -343,13 +405,21 @@ def test_a_network_read_that_fails_midway_is_reopened_where_it_stopped(served, t
             self.wfile.write(data[: len(data) // 2])  # then the connection drops
             self.close_connection = True
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(FailsOnceMidway, directory=str(directory)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(FailsOnceMidway, directory=str(directory))
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
         index = tmp_path / "index.json"  # counts known: the first read of every shard is the training read
-        index.write_text(json.dumps({"wids_version": 1, "shardlist": [
-            {"url": f"{base}/cls-{i:06d}.tar", "nsamples": PER_CLASS} for i in range(CLASSES)]}))
+        index.write_text(
+            json.dumps(
+                {
+                    "wids_version": 1,
+                    "shardlist": [{"url": f"{base}/cls-{i:06d}.tar", "nsamples": PER_CLASS} for i in range(CLASSES)],
+                }
+            )
+        )
         s = stream(f"{base}/{PATTERN}", tmp_path, shard_index=str(index), max_corrupt=0)
         keys = [k for b in take(s, s.batches_per_epoch) for k in b["key"]]
         assert len(failed) == CLASSES and s.corrupt_count == 0  # every shard failed once, nothing was lost
@@ -367,8 +437,17 @@ def test_pairs_mode_with_configured_member_names(tmp_path):
         np.save(buffer, np.full(3, i, np.float32))
         samples.append({"__key__": f"p-{i}", "input.jpg": jpeg(i, rng), "context.npy": buffer.getvalue(), "cls": i})
     write_shard(tmp_path / "p-0.tar", samples)
-    options = StreamOptions(mode="pairs", x_key="input.jpg", a_key="context.npy", label_key="cls", image_size=8,
-                            batch_size=6, num_workers=0, shuffle_block=0, cache_dir=tmp_path / "c")
+    options = StreamOptions(
+        mode="pairs",
+        x_key="input.jpg",
+        a_key="context.npy",
+        label_key="cls",
+        image_size=8,
+        batch_size=6,
+        num_workers=0,
+        shuffle_block=0,
+        cache_dir=tmp_path / "c",
+    )
     s = ShardStream(shards=str(tmp_path / "p-0.tar"), options=options)
     batch = take(s, 1)[0]
     assert batch["x"].shape == (6, 3, 8, 8) and batch["a"].dtype == torch.float32

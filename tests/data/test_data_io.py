@@ -18,8 +18,10 @@ from eigtrain.data.shards import count_samples, open_url
 from tests.support.fault_server import FaultServer
 from tests.support.foreign_shards import good_samples, write_shard
 
-pytestmark = [pytest.mark.timeout(60),
-              pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")]
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning"),
+]
 
 
 @pytest.fixture
@@ -54,8 +56,11 @@ def test_a_stalled_pipe_command_is_a_timeout_naming_it(shards):
     half = (shards / "s-0.tar").stat().st_size // 2
     url = f"pipe:head -c {half} {shlex.quote(str(shards / 's-0.tar'))}; sleep 300"
     start = time.monotonic()
-    with pytest.raises(ShardError, match=r"shard pipe:head .* cannot be read to its end .*TimeoutError: no answer "
-                                         r"from pipe:head .* within 0.5 s \(data.io_timeout_s\)"):
+    with pytest.raises(
+        ShardError,
+        match=r"shard pipe:head .* cannot be read to its end .*TimeoutError: no answer "
+        r"from pipe:head .* within 0.5 s \(data.io_timeout_s\)",
+    ):
         count_samples(url, timeout_s=0.5)
     assert time.monotonic() - start < 15  # 3 bounded reads and their backoff, not 300 s
 
@@ -73,8 +78,11 @@ def test_an_object_store_that_does_not_answer_is_a_timeout_naming_the_url(monkey
     with FaultServer(shards) as mute:
         mute.faults["*"] = ["mute"]
         monkeypatch.setenv("AWS_ENDPOINT_URL", mute.url("").rstrip("/"))
-        for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                           ("AWS_DEFAULT_REGION", "us-east-1")):
+        for key, value in (
+            ("AWS_ACCESS_KEY_ID", "testing"),
+            ("AWS_SECRET_ACCESS_KEY", "testing"),
+            ("AWS_DEFAULT_REGION", "us-east-1"),
+        ):
             monkeypatch.setenv(key, value)
         start = time.monotonic()
         with pytest.raises(ShardError, match=r"no answer from s3://bucket/s-0.tar within 0.5 s \(data.io_timeout_s\)"):
@@ -90,11 +98,19 @@ def test_an_object_store_that_does_not_answer_is_a_timeout_naming_the_url(monkey
 def test_a_data_worker_that_delivers_nothing_ends_with_one_timeout_line(shards, tmp_path):
     """A source that trickles (every read answers, the batch never completes) is bounded by the DataLoader."""
     out = "sys.stdout.buffer"
-    trickle = (f"{sys.executable} -c \"import sys,time; [({out}.write(bytes([b])), {out}.flush(), time.sleep(0.05)) "
-               f"for b in open({str(shards / 's-0.tar')!r},'rb').read()]\"")
+    trickle = (
+        f'{sys.executable} -c "import sys,time; [({out}.write(bytes([b])), {out}.flush(), time.sleep(0.05)) '
+        f"for b in open({str(shards / 's-0.tar')!r},'rb').read()]\""
+    )
     url = f"pipe:{trickle}"
-    s = stream([url], tmp_path, num_workers=1, mix_shards=1, io_timeout_s=0.5,
-               shard_index=wids_index(tmp_path / "i.json", [url]))
+    s = stream(
+        [url],
+        tmp_path,
+        num_workers=1,
+        mix_shards=1,
+        io_timeout_s=0.5,
+        shard_index=wids_index(tmp_path / "i.json", [url]),
+    )
     with pytest.raises(TimeoutError, match=r"the data workers of data.shards .* delivered no batch for 2.5 s"):
         next(iter(s))
 

@@ -23,8 +23,12 @@ def bucket(tmp_path_factory):
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    env = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     s3fs.S3FileSystem.clear_instance_cache()  # a filesystem cached by an earlier test would keep its old endpoint
@@ -39,8 +43,17 @@ def bucket(tmp_path_factory):
 
 
 def one_pass_keys(url, cache, rank=0, world_size=1):
-    options = StreamOptions(batch_size=12, num_workers=2, rank=rank, world_size=world_size, label_key="cls",
-                            image_size=16, image_fit="whole", cache_dir=cache, one_pass=True)
+    options = StreamOptions(
+        batch_size=12,
+        num_workers=2,
+        rank=rank,
+        world_size=world_size,
+        label_key="cls",
+        image_size=16,
+        image_fit="whole",
+        cache_dir=cache,
+        one_pass=True,
+    )
     s = ShardStream(shards=url, options=options)
     return [k for batch in s for k in batch["key"]], s.num_samples
 

@@ -19,8 +19,11 @@ def expand(tasks):
 
 def test_concat_range_and_skip():
     shards = [("a", 3), ("b", 5), ("c", 2)]
-    assert plan.concat_range(shards, 2, 9) == [plan.ReadTask("a", 2, 3), plan.ReadTask("b", 0, 5),
-                                               plan.ReadTask("c", 0, 1)]
+    assert plan.concat_range(shards, 2, 9) == [
+        plan.ReadTask("a", 2, 3),
+        plan.ReadTask("b", 0, 5),
+        plan.ReadTask("c", 0, 1),
+    ]
     tasks = plan.concat_range(shards, 0, 10)
     assert expand(plan.skip(tasks, 4)) == expand(tasks)[4:]
     assert plan.skip(tasks, 10) == []

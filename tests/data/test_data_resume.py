@@ -10,8 +10,10 @@ import torch
 from eigtrain.data import ShardStream, StreamOptions, write_shards
 from eigtrain.data.sources import png_bytes
 
-pytestmark = [pytest.mark.slow,  # DataLoader worker processes
-              pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")]
+pytestmark = [
+    pytest.mark.slow,  # DataLoader worker processes
+    pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -19,10 +21,13 @@ def root(tmp_path_factory):
     """110 samples in 10 shards of 11: uneven per-worker remainders, 2 x 2 slots."""
     root = tmp_path_factory.mktemp("shards")
     rng = np.random.default_rng(0)
-    samples = [{"__key__": f"s{i:04d}", "png": png_bytes(rng.integers(0, 256, (3, 6, 6), dtype=np.uint8)),
-                "cls": i % 7} for i in range(110)]
-    write_shards(root, {"train": samples}, shard_size=11,
-                 meta=dict(mode="views", channels=3, image_shape=[3, 6, 6], labels=True))
+    samples = [
+        {"__key__": f"s{i:04d}", "png": png_bytes(rng.integers(0, 256, (3, 6, 6), dtype=np.uint8)), "cls": i % 7}
+        for i in range(110)
+    ]
+    write_shards(
+        root, {"train": samples}, shard_size=11, meta=dict(mode="views", channels=3, image_shape=[3, 6, 6], labels=True)
+    )
     return root
 
 
@@ -55,7 +60,7 @@ def test_cursor_round_trip_inside_and_across_epochs(root, resampled):
     per_epoch = reference.batches_per_epoch  # 2 workers x 13 batches
     want = take(reference, 2 * per_epoch + 3)
     for k in (1, 5, per_epoch - 1, per_epoch + 2):  # odd k: the next batch comes from worker 1
-        assert_same_batches(resumed(root, k, 4, **kw), want[k:k + 4])
+        assert_same_batches(resumed(root, k, 4, **kw), want[k : k + 4])
 
 
 def test_cursor_round_trip_on_two_ranks(root):

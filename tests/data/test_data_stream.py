@@ -124,10 +124,15 @@ def test_the_stream_takes_its_source_and_one_typed_options_object(tmp_path):
     stream = ShardStream(root, options)
     assert stream.options is options and options.image_size == (4, 4) and stream.batch_size == 4
     assert StreamOptions().batch_size == 64 and ShardStream(root, StreamOptions(batch_size=4)).num_workers == 2
-    for bad, match in [(dict(batch_size=0), "batch_size must be >= 1"), (dict(rank=2, world_size=2), "rank < world"),
-                       (dict(image_fit="stretch"), "image_fit must be one of"), (dict(mode="x"), "mode must be one"),
-                       (dict(one_pass=True, resampled=True), "cannot be combined"), (dict(image_size=(4,)), "(H, W)"),
-                       (dict(mode="pairs", jpeg_device="cpu"), "jpeg_device")]:
+    for bad, match in [
+        (dict(batch_size=0), "batch_size must be >= 1"),
+        (dict(rank=2, world_size=2), "rank < world"),
+        (dict(image_fit="stretch"), "image_fit must be one of"),
+        (dict(mode="x"), "mode must be one"),
+        (dict(one_pass=True, resampled=True), "cannot be combined"),
+        (dict(image_size=(4,)), "(H, W)"),
+        (dict(mode="pairs", jpeg_device="cpu"), "jpeg_device"),
+    ]:
         with pytest.raises(ValueError, match=re.escape(match)):
             StreamOptions(**bad)
     with pytest.raises(TypeError):

@@ -70,14 +70,17 @@ def test_existing_output_needs_overwrite(tmp_path):
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["index.json", "train-000000.tar"]
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["source=digits", "out=x", "shardsize=3"], "unknown key 'shardsize'"),
-    (["source=mnist", "out=x"], "unknown source 'mnist'"),
-    (["source=digits"], "missing out="),
-    (["source=cifar10", "out=x"], "needs path="),
-    (["source=cifar10", "out=x", "path=y", "val_fraction=0.1"], "val_fraction does not apply"),
-    (["source=digits", "out=x", "seed=abc"], "bad value for seed"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["source=digits", "out=x", "shardsize=3"], "unknown key 'shardsize'"),
+        (["source=mnist", "out=x"], "unknown source 'mnist'"),
+        (["source=digits"], "missing out="),
+        (["source=cifar10", "out=x"], "needs path="),
+        (["source=cifar10", "out=x", "path=y", "val_fraction=0.1"], "val_fraction does not apply"),
+        (["source=digits", "out=x", "seed=abc"], "bad value for seed"),
+    ],
+)
 def test_cli_rejects_bad_arguments_naming_them(argv, message):
     with pytest.raises(SystemExit, match=message):
         main(argv)
@@ -96,8 +99,11 @@ def write_fake_cifar(root, per_batch=4):
         labels = rng.integers(0, 10, per_batch).tolist()
         batches[name] = (data, labels)
         with open(root / name, "wb") as f:
-            pickle.dump({b"batch_label": name.encode(), b"data": data, b"labels": labels,
-                         b"filenames": [b"x.png"] * per_batch}, f, protocol=2)
+            pickle.dump(
+                {b"batch_label": name.encode(), b"data": data, b"labels": labels, b"filenames": [b"x.png"] * per_batch},
+                f,
+                protocol=2,
+            )
     with open(root / "batches.meta", "wb") as f:
         pickle.dump({b"label_names": [f"class{i}".encode() for i in range(10)]}, f)
     return batches

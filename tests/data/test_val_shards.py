@@ -9,19 +9,22 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from eigtrain.schema import ConfigError, validate
 from eigtrain.evaluate import main as eval_main
 from eigtrain.rr_job import main as rr_main
-from tests.support.foreign_shards import (N_TRAIN, N_VAL, TRAIN_PER_CLASS, VAL_PER_CLASS, train_overrides,
-                                          write_shards)
+from eigtrain.schema import ConfigError, validate
+from tests.support.foreign_shards import N_TRAIN, N_VAL, TRAIN_PER_CLASS, VAL_PER_CLASS, train_overrides, write_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
+
+
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     """(train pattern, val pattern): disjoint images and keys, the same classes and fields."""
     directory = tmp_path_factory.mktemp("shards")
-    return (write_shards(directory, "train", TRAIN_PER_CLASS, 0, TRAIN_PER_CLASS),
-            write_shards(directory, "val", VAL_PER_CLASS, 1, 2 * VAL_PER_CLASS))
+    return (
+        write_shards(directory, "train", TRAIN_PER_CLASS, 0, TRAIN_PER_CLASS),
+        write_shards(directory, "val", VAL_PER_CLASS, 1, 2 * VAL_PER_CLASS),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +34,17 @@ def trained(shards, tmp_path_factory):
 
     train, val = shards
     run_dir = tmp_path_factory.mktemp("runs") / "run"
-    cfg = compose_config(train_overrides(run_dir, train, "steps=2", "checkpoint_every=2", f"data.val_shards='{val}'",
-                                         "monitor.every=2", "data.num_workers=1"))
+    cfg = compose_config(
+        train_overrides(
+            run_dir,
+            train,
+            "steps=2",
+            "checkpoint_every=2",
+            f"data.val_shards='{val}'",
+            "monitor.every=2",
+            "data.num_workers=1",
+        )
+    )
     assert run(cfg)["step"] == 2
     return run_dir
 
@@ -59,8 +71,9 @@ def test_eval_scores_the_held_out_shards_and_names_both_sources(shards, trained,
     assert f"Data: fitted on data.shards={train}; scored on data.val_shards={val}." in table
 
 
-def test_eval_without_val_shards_refuses_with_one_line_and_takes_them_from_the_command_line(shards, trained,
-                                                                                            tmp_path, capsys):
+def test_eval_without_val_shards_refuses_with_one_line_and_takes_them_from_the_command_line(
+    shards, trained, tmp_path, capsys
+):
     _, val = shards
     run_dir = without_val_shards(trained, tmp_path / "run")
     assert eval_main([f"run_dir={run_dir}", f"out={tmp_path / 'eval'}", *EVAL]) == 2
@@ -113,8 +126,14 @@ def test_config_checks_name_data_val_shards(shards, tmp_path):
 
 def test_rr_of_any_encoder_reads_split_val_from_data_val_shards(shards, tmp_path, capsys):
     train, val = shards
-    common = ["encoder=module:tests.export.test_rr_external:make_encoder", f"data.shards={train}", "data.augment=cifar",
-              "data.image_size=16", "num_workers=0", "split=val"]
+    common = [
+        "encoder=module:tests.export.test_rr_external:make_encoder",
+        f"data.shards={train}",
+        "data.augment=cifar",
+        "data.image_size=16",
+        "num_workers=0",
+        "split=val",
+    ]
     assert rr_main([*common, f"data.val_shards={val}", f"out={tmp_path / 'rr'}"]) == 0
     manifest = json.loads((tmp_path / "rr" / "manifest.json").read_text())
     assert manifest["n"] == N_VAL and manifest["source"]["data"]["val_shards"] == val

@@ -30,8 +30,13 @@ def test_table_orders_methods_and_writes_readable_report(tmp_path):
     ordered = x  # informative coordinates first, like Rayleigh-Ritz features
     shuffled = x[:, torch.randperm(16, generator=torch.Generator().manual_seed(1))]
     report = adaptive_dimension_table(
-        {"rr": ordered[:400], "raw": shuffled[:400]}, {"rr": ordered[400:], "raw": shuffled[400:]},
-        y[:400], y[400:], dims=[4, 8, 16], random_draws=10, probe="closed_form",
+        {"rr": ordered[:400], "raw": shuffled[:400]},
+        {"rr": ordered[400:], "raw": shuffled[400:]},
+        y[:400],
+        y[400:],
+        dims=[4, 8, 16],
+        random_draws=10,
+        probe="closed_form",
     )
     acc = report["accuracy"]
     assert acc["RR"][4] > acc["RS"][4] + 0.2
@@ -42,7 +47,10 @@ def test_table_orders_methods_and_writes_readable_report(tmp_path):
     assert set(ret) == {"RR", "PCA", "RS"} and set(ret["RR"][4]) == {"1nn", "recall@1", "recall@10"}
     assert ret["RR"][4]["1nn"] > ret["RS"][4]["1nn"] + 0.2
     assert report["storage"][8]["fp16"] == 16 and report["storage"][8]["search_us_per_query"] > 0
-    assert report["smallest_k"]["RR"]["accuracy_within_5pt"] == 4 and report["smallest_k"]["RS"]["accuracy_within_1pt"] == 16
+    assert (
+        report["smallest_k"]["RR"]["accuracy_within_5pt"] == 4
+        and report["smallest_k"]["RS"]["accuracy_within_1pt"] == 16
+    )
     paths = write_report(report, tmp_path, title="blobs")
     md = paths["markdown"].read_text()
     assert "| RR |" in md and "closed-form" in md and "| PCA |" in md and "| RR 1-NN |" in md and "| PCA R@10 |" in md
@@ -52,7 +60,9 @@ def test_table_orders_methods_and_writes_readable_report(tmp_path):
     assert any(r.startswith("RS R@1,") for r in csv_rows) and any(r.startswith("search µs/query,") for r in csv_rows)
     for plot in ("plot", "retrieval_plot"):
         image = Image.open(paths[plot])
-        assert image.size[0] > 300 and len(image.convert("L").getcolors(maxcolors=256 * 256)) > 10  # a real plot, not blank
+        assert (
+            image.size[0] > 300 and len(image.convert("L").getcolors(maxcolors=256 * 256)) > 10
+        )  # a real plot, not blank
 
 
 def test_eval_command_on_stored_features_with_retrieval_options(tmp_path, capsys):
@@ -68,16 +78,32 @@ def test_eval_command_on_stored_features_with_retrieval_options(tmp_path, capsys
     acc = RRAccumulator(8)
     acc.update(x[:400], x[:400] + 0.3 * torch.randn(400, 8, generator=torch.Generator().manual_seed(2)))
     save_export(solve(acc), tmp_path / "rr", {"kind": "test"}, plot=False)
-    np.savez(tmp_path / "f.npz", train_z=x[:400].numpy(), train_y=y[:400].numpy(), test_z=x[400:].numpy(), test_y=y[400:].numpy())
-    args = [f"features={tmp_path / 'f.npz'}", f"rr={tmp_path / 'rr'}", f"out={tmp_path / 'ev'}", "probe=closed_form",
-            "random_draws=3", "dims=[4,8]"]
+    np.savez(
+        tmp_path / "f.npz",
+        train_z=x[:400].numpy(),
+        train_y=y[:400].numpy(),
+        test_z=x[400:].numpy(),
+        test_y=y[400:].numpy(),
+    )
+    args = [
+        f"features={tmp_path / 'f.npz'}",
+        f"rr={tmp_path / 'rr'}",
+        f"out={tmp_path / 'ev'}",
+        "probe=closed_form",
+        "random_draws=3",
+        "dims=[4,8]",
+    ]
     assert eval_main([*args, "retrieval=torch", "retrieval_draws=2"]) == 0
     report = json.loads((tmp_path / "ev" / "report.json").read_text())
     assert report["retrieval_setup"] == {"backend": "torch", "database": 400, "queries": 200, "rs_draws": 2}
     assert set(report["accuracy"]) == {"RR", "PCA", "RS"} and (tmp_path / "ev" / "retrieval_vs_dim.png").exists()
     assert eval_main([*args, f"out={tmp_path / 'ev2'}", "retrieval=none", "pca=false"]) == 0
     report = json.loads((tmp_path / "ev2" / "report.json").read_text())
-    assert "retrieval" not in report and "PCA" not in report["accuracy"] and not (tmp_path / "ev2" / "retrieval_vs_dim.png").exists()
+    assert (
+        "retrieval" not in report
+        and "PCA" not in report["accuracy"]
+        and not (tmp_path / "ev2" / "retrieval_vs_dim.png").exists()
+    )
     capsys.readouterr()
     assert eval_main([*args, "retrieval=annoy"]) == 2
     assert "backend='annoy' is unknown" in capsys.readouterr().err

@@ -19,5 +19,7 @@ def test_monitor_logs_knn_accuracy_per_prefix_and_leaves_training_unchanged(digi
         accuracy = [records[step][f"knn/{k}"] for k in (4, 8, 16)]  # dim 16: prefixes {4, 8, 16}
         assert all(0.3 < a <= 1.0 for a in accuracy), accuracy  # digits: far above chance (0.1)
     # Monitoring reads data with its own stream and restores every RNG: the same training, bit for bit.
-    assert [l for s, l in losses(tmp_path / "monitored") if s == 3] == [l for s, l in losses(tmp_path / "plain") if s == 3]
+    assert [v for s, v in losses(tmp_path / "monitored") if s == 3] == [
+        v for s, v in losses(tmp_path / "plain") if s == 3
+    ]
     assert_same_final_weights(tmp_path / "monitored", tmp_path / "plain")

@@ -39,8 +39,13 @@ def test_retrieval_metrics_equal_brute_force_numpy(backend):
     xtr, ytr, xte, yte = _labelled()
     reference = _numpy_reference(xtr, ytr, xte, yte)
     for k in (2, 5, 12):  # prefixes, as the report uses them
-        got = retrieval_metrics(torch.from_numpy(xtr[:, :k]), torch.from_numpy(ytr), torch.from_numpy(xte[:, :k]),
-                                torch.from_numpy(yte), backend=backend)
+        got = retrieval_metrics(
+            torch.from_numpy(xtr[:, :k]),
+            torch.from_numpy(ytr),
+            torch.from_numpy(xte[:, :k]),
+            torch.from_numpy(yte),
+            backend=backend,
+        )
         want = _numpy_reference(xtr[:, :k], ytr, xte[:, :k], yte)
         assert got == pytest.approx(want, abs=1e-12), (k, got, want)
     assert 0.3 < reference["1nn"] < 1.0 and reference["recall@10"] > reference["recall@1"]  # not a trivial case
@@ -82,7 +87,10 @@ def test_storage_and_timing():
 
 def test_pca_baseline_equals_numpy_svd():
     rng = np.random.default_rng(3)
-    x = rng.normal(size=(500, 8)) @ np.diag([5, 4, 3, 2.5, 2, 1.5, 1, 0.5]) @ np.linalg.qr(rng.normal(size=(8, 8)))[0] + 2.0
+    x = (
+        rng.normal(size=(500, 8)) @ np.diag([5, 4, 3, 2.5, 2, 1.5, 1, 0.5]) @ np.linalg.qr(rng.normal(size=(8, 8)))[0]
+        + 2.0
+    )
     test = rng.normal(size=(50, 8))
     mean, components, variances = fit_pca(torch.from_numpy(x))
     centered = x - x.mean(0)
@@ -107,4 +115,6 @@ def test_blocked_search_equals_one_block():
     for exclude_self, database in ((False, db), (True, q)):  # a block of 1 query, then 2 at a time
         whole = search(database, q, 10, "torch", exclude_self=exclude_self)
         for elements in (len(database), 2 * len(database) + 1):
-            assert torch.equal(search(database, q, 10, "torch", exclude_self=exclude_self, block_elements=elements), whole)
+            assert torch.equal(
+                search(database, q, 10, "torch", exclude_self=exclude_self, block_elements=elements), whole
+            )

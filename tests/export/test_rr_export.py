@@ -35,8 +35,16 @@ def test_embeddings_mode_matches_scipy_generalized_eigh_and_round_trips(tmp_path
         return lam[::-1], vecs[:, ::-1]
 
     tensors = load_file(str(out / "rr.safetensors"))
-    assert set(tensors) == {"eigenvalues", "transform", "mean", "trivial_eigenvalue", "trivial_transform",
-                            "paper_eigenvalues", "paper_transform", "paper_mean"}
+    assert set(tensors) == {
+        "eigenvalues",
+        "transform",
+        "mean",
+        "trivial_eigenvalue",
+        "trivial_transform",
+        "paper_eigenvalues",
+        "paper_transform",
+        "paper_mean",
+    }
     pooled = (z1.mean(0) + z2.mean(0)) / 2  # default: the constant mode excluded, i.e. RR on centered moments
     for prefix, (lam, vecs) in (("", scipy_rr(z1 - pooled, z2 - pooled)), ("paper_", scipy_rr(z1, z2))):
         np.testing.assert_allclose(tensors[prefix + "eigenvalues"].numpy(), lam, rtol=1e-10, atol=1e-12)
@@ -66,7 +74,9 @@ def test_svd_mode_exports_both_sides(tmp_path, capsys):
     rng = np.random.default_rng(1)
     x = rng.normal(size=(2000, 4))
     path = tmp_path / "pairs.npz"
-    np.savez(path, z1=x @ rng.normal(size=(4, 4)), z2=(x[:, :3] + 0.5 * rng.normal(size=(2000, 3))) @ rng.normal(size=(3, 3)))
+    np.savez(
+        path, z1=x @ rng.normal(size=(4, 4)), z2=(x[:, :3] + 0.5 * rng.normal(size=(2000, 3))) @ rng.normal(size=(3, 3))
+    )
     assert rr_main([f"embeddings={path}", f"out={tmp_path / 'rr'}", "mode=svd", "center=true"]) == 0
     right = load_head(tmp_path / "rr", side="right")
     assert right.transform.shape == (3, 3)
@@ -103,7 +113,10 @@ def _write_chunks(directory, z1, z2, kind):
             np.save(directory / f"part-{i:03d}.z1.npy", z1[s:e])
             np.save(directory / f"part-{i:03d}.z2.npy", z2[s:e])
         elif kind == "safetensors":
-            save_file({"z1": np.ascontiguousarray(z1[s:e]), "z2": np.ascontiguousarray(z2[s:e])}, str(directory / f"part-{i:03d}.safetensors"))
+            save_file(
+                {"z1": np.ascontiguousarray(z1[s:e]), "z2": np.ascontiguousarray(z2[s:e])},
+                str(directory / f"part-{i:03d}.safetensors"),
+            )
         else:
             np.savez(directory / f"part-{i:03d}.npz", z1=z1[s:e], z2=z2[s:e])
     return directory

@@ -20,12 +20,26 @@ from eigtrain.rr_job import parse_args
 N = 480  # samples in the foreign_shards fixture (tests/conftest.py)
 # test_vit (timm's tiny test ViT) at 16 px with 4 px patches; without the final LayerNorm, whose zero-sum
 # output (bias 0 at init) would make the Gram matrix singular
-VIT = ["encoder=timm:test_vit", "encoder.kwargs.img_size=16", "encoder.kwargs.patch_size=4",
-       "encoder.kwargs.global_pool=avg", "encoder.kwargs.final_norm=false", "encoder.kwargs.fc_norm=false"]
+VIT = [
+    "encoder=timm:test_vit",
+    "encoder.kwargs.img_size=16",
+    "encoder.kwargs.patch_size=4",
+    "encoder.kwargs.global_pool=avg",
+    "encoder.kwargs.final_norm=false",
+    "encoder.kwargs.fc_norm=false",
+]
 
 
 def _args(shards, out, *extra):
-    return [*VIT, f"data.shards={shards}", "data.augment=cifar", "data.image_size=16", f"out={out}", "batch_size=50", *extra]
+    return [
+        *VIT,
+        f"data.shards={shards}",
+        "data.augment=cifar",
+        "data.image_size=16",
+        f"out={out}",
+        "batch_size=50",
+        *extra,
+    ]
 
 
 def test_timm_model_on_foreign_shards_is_ordered_with_unit_gram(foreign_shards, tmp_path):
@@ -38,7 +52,11 @@ def test_timm_model_on_foreign_shards_is_ordered_with_unit_gram(foreign_shards, 
     assert transform.shape == (64, 64) and torch.all(values[:-1] >= values[1:])
     assert 0.9 < values[0] <= 1 + 1e-9 and values[-1] < 0.5 * values[0]  # a real spread, not a flat spectrum
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["n"] == N and manifest["source"]["kind"] == "encoder" and manifest["source"]["encoder"] == "timm:test_vit"
+    assert (
+        manifest["n"] == N
+        and manifest["source"]["kind"] == "encoder"
+        and manifest["source"]["encoder"] == "timm:test_vit"
+    )
 
     # The exported basis is orthonormal for the Gram of the pairs it was fitted on: recompute the moments with
     # the same one-pass reduction (deterministic on CPU) and check transform^T G transform = I.
@@ -64,8 +82,17 @@ def test_timm_model_on_foreign_shards_same_on_one_and_two_ranks(foreign_shards, 
     finally:
         torch.set_num_threads(threads)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "eigtrain.rr_job",
-           *_args(foreign_shards, tmp_path / "two", "num_workers=1")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "eigtrain.rr_job",
+        *_args(foreign_shards, tmp_path / "two", "num_workers=1"),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = (load_file(str(tmp_path / d / "rr.safetensors")) for d in ("one", "two"))
@@ -111,8 +138,20 @@ def make_not_a_module():
 
 def test_module_factory_with_kwargs(foreign_shards, tmp_path):
     out = tmp_path / "rr"
-    assert rr_main(["encoder=module:tests.export.test_rr_external:make_encoder", "encoder.kwargs.dim=9",
-                    f"data.shards={foreign_shards}", "data.augment=cifar", "data.image_size=16", f"out={out}", "num_workers=0"]) == 0
+    assert (
+        rr_main(
+            [
+                "encoder=module:tests.export.test_rr_external:make_encoder",
+                "encoder.kwargs.dim=9",
+                f"data.shards={foreign_shards}",
+                "data.augment=cifar",
+                "data.image_size=16",
+                f"out={out}",
+                "num_workers=0",
+            ]
+        )
+        == 0
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["dim"] == 9 and manifest["n"] == N and manifest["source"]["kwargs"] == {"dim": 9}
 
@@ -120,11 +159,20 @@ def test_module_factory_with_kwargs(foreign_shards, tmp_path):
 @pytest.mark.parametrize(
     "encoder, message",
     [
-        ("module:tests.export.test_rr_external:make_feature_map_encoder", "returned shape (2, 12, 4, 4) for a batch of 2; it must return (batch, d)"),
-        ("module:tests.export.test_rr_external:make_tuple_encoder", "returned tuple; it must return one tensor of shape (batch, d)"),
+        (
+            "module:tests.export.test_rr_external:make_feature_map_encoder",
+            "returned shape (2, 12, 4, 4) for a batch of 2; it must return (batch, d)",
+        ),
+        (
+            "module:tests.export.test_rr_external:make_tuple_encoder",
+            "returned tuple; it must return one tensor of shape (batch, d)",
+        ),
         ("module:tests.export.test_rr_external:make_not_a_module", "the factory returned str, not a torch.nn.Module"),
         ("module:tests.export.test_rr_external:no_such_factory", "cannot import 'no_such_factory'"),
-        ("module:tests.export.test_rr_external:make_encoder encoder.kwargs.width=3", "the factory does not take encoder.kwargs {'width': 3}"),
+        (
+            "module:tests.export.test_rr_external:make_encoder encoder.kwargs.width=3",
+            "the factory does not take encoder.kwargs {'width': 3}",
+        ),
         ("timm:no_such_model_xyz", "Unknown model"),
         ("timm:test_vit encoder.kwargs.patch_size=32", "fails on a batch of shape (2, 3, 16, 16)"),
         ("resnet50", "use timm:NAME"),
@@ -133,7 +181,19 @@ def test_module_factory_with_kwargs(foreign_shards, tmp_path):
 def test_bad_models_fail_with_one_message_and_write_nothing(foreign_shards, tmp_path, encoder, message, capsys):
     out = tmp_path / "rr"
     encoder, *extra = encoder.split()
-    assert rr_main([f"encoder={encoder}", *extra, f"data.shards={foreign_shards}", "data.image_size=16", f"out={out}", "num_workers=0"]) == 2
+    assert (
+        rr_main(
+            [
+                f"encoder={encoder}",
+                *extra,
+                f"data.shards={foreign_shards}",
+                "data.image_size=16",
+                f"out={out}",
+                "num_workers=0",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists()
@@ -146,7 +206,10 @@ def test_bad_models_fail_with_one_message_and_write_nothing(foreign_shards, tmp_
         (["encoder=timm:test_vit", "data.root=a", "data.shards=b", "out=o"], "exactly one of data.root=DIR"),
         (["encoder=timm:test_vit", "data.root=a"], "needs out=DIR"),
         (["encoder=timm:test_vit", "data.root=a", "data.augment=strong", "out=o"], "data.augment='strong' is unknown"),
-        (["encoder=timm:test_vit", "run_dir=r", "data.root=a", "out=o"], "exactly one of run_dir=, checkpoint=, embeddings=, encoder="),
+        (
+            ["encoder=timm:test_vit", "run_dir=r", "data.root=a", "out=o"],
+            "exactly one of run_dir=, checkpoint=, embeddings=, encoder=",
+        ),
         (["encoder=timm:test_vit", "data.root=a", "mode=svd", "out=o"], "mode=svd is for two encoders"),
     ],
 )
@@ -197,8 +260,18 @@ def test_module_factory_over_eigtrain_shards_counts_against_the_index(tmp_path):
 
     shards_main(["source=digits", f"out={tmp_path / 'digits'}"])
     out = tmp_path / "rr"
-    assert rr_main(["encoder=module:tests.export.test_rr_external:make_gray_encoder", f"data.root={tmp_path / 'digits'}",
-                    "data.augment=digits", f"out={out}", "num_workers=0"]) == 0
+    assert (
+        rr_main(
+            [
+                "encoder=module:tests.export.test_rr_external:make_gray_encoder",
+                f"data.root={tmp_path / 'digits'}",
+                "data.augment=digits",
+                f"out={out}",
+                "num_workers=0",
+            ]
+        )
+        == 0
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["n"] == read_index(tmp_path / "digits").num_samples("train") == 1438 and manifest["dim"] == 10
     assert manifest["source"]["data"]["root"] == str(tmp_path / "digits") and manifest["source"]["init_seed"] == 0

@@ -22,7 +22,16 @@ QUIET = ["logging.progress=false", "logging.wandb.mode=disabled"]
 
 def _torchrun(module_args, nproc=2):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), "-m", *module_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        "-m",
+        *module_args,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -32,8 +41,17 @@ def _torchrun(module_args, nproc=2):
 def views_run(tmp_path_factory):
     """SCL with joint nesting, tiny CNN, digits (uneven shards of 200: 7 x 200 + 38 train samples)."""
     root = tmp_path_factory.mktemp("views")
-    cfg = compose_config(["experiment=cpu_debug", f"run_dir={root / 'run'}", f"data.root={root / 'digits'}",
-                          "nesting=joint", "steps=80", "checkpoint_every=80", *QUIET])
+    cfg = compose_config(
+        [
+            "experiment=cpu_debug",
+            f"run_dir={root / 'run'}",
+            f"data.root={root / 'digits'}",
+            "nesting=joint",
+            "steps=80",
+            "checkpoint_every=80",
+            *QUIET,
+        ]
+    )
     run(cfg)
     return root / "run", root / "digits"
 
@@ -59,7 +77,9 @@ def test_rr_at_dim_4_beats_random_coordinates(views_run, tmp_path):
     assert rr_main([f"run_dir={run_dir}"]) == 0
     values = load_file(str(run_dir / "rr" / "rr.safetensors"))["eigenvalues"]
     assert torch.all(values[:-1] >= values[1:])
-    assert eval_main([f"run_dir={run_dir}", f"out={tmp_path}", "probe=closed_form", "random_draws=30", "dims=[4,16]"]) == 0
+    assert (
+        eval_main([f"run_dir={run_dir}", f"out={tmp_path}", "probe=closed_form", "random_draws=30", "dims=[4,16]"]) == 0
+    )
     report = json.loads((tmp_path / "report.json").read_text())
     acc = report["accuracy"]
     # Margin stated: RR's first 4 ordered features beat 4 random coordinates by at least 5 points, and the
@@ -77,12 +97,28 @@ def pairs_run(tmp_path_factory):
     images, labels = load_digits(return_X_y=True)
     rng = np.random.default_rng(0)
     a = np.eye(10)[labels] + 0.5 * rng.normal(size=(len(labels), 10))
-    np.savez(root / "pairs.npz", x=(images * 16).clip(0, 255).astype(np.uint8).reshape(-1, 8, 8), a=a.astype(np.float32), y=labels)
+    np.savez(
+        root / "pairs.npz",
+        x=(images * 16).clip(0, 255).astype(np.uint8).reshape(-1, 8, 8),
+        a=a.astype(np.float32),
+        y=labels,
+    )
     from eigtrain.data.write import main as shards_main
 
     shards_main(["source=npz", f"path={root / 'pairs.npz'}", f"out={root / 'shards'}", "shard_size=173"])
-    cfg = compose_config(["experiment=cpu_debug", f"run_dir={root / 'run'}", "data=pairs", f"data.root={root / 'shards'}",
-                          "objective=lora", "steps=30", "checkpoint_every=30", "+model.context={backbone: mlp, projector_layers: 0, projector_batch_norm: false}", *QUIET])
+    cfg = compose_config(
+        [
+            "experiment=cpu_debug",
+            f"run_dir={root / 'run'}",
+            "data=pairs",
+            f"data.root={root / 'shards'}",
+            "objective=lora",
+            "steps=30",
+            "checkpoint_every=30",
+            "+model.context={backbone: mlp, projector_layers: 0, projector_batch_norm: false}",
+            *QUIET,
+        ]
+    )
     run(cfg)
     return root / "run", root / "shards"
 
@@ -94,8 +130,11 @@ def test_two_rank_pairs_reduction_equals_single_process(pairs_run):
     _torchrun(["eigtrain.rr_job", f"run_dir={run_dir}", "mode=svd", f"out={run_dir / 'rr2'}", "num_workers=1"])
     one, two = (load_file(str(run_dir / d / "rr.safetensors")) for d in ("rr1", "rr2"))
     sides = {"eigenvalues", "transform", "mean", "right_transform", "right_mean"}  # both conventions; the constant
-    assert set(one) == sides | {f"paper_{k}" for k in sides} | {"trivial_eigenvalue", "trivial_transform",
-                                                                 "trivial_right_transform"}
+    assert set(one) == sides | {f"paper_{k}" for k in sides} | {
+        "trivial_eigenvalue",
+        "trivial_transform",
+        "trivial_right_transform",
+    }
     for key in one:  # float64 sums merged in another order: equal up to rounding, relative to the tensor's scale
         scale = one[key].abs().max().item() or 1.0
         torch.testing.assert_close(two[key], one[key], rtol=0, atol=1e-9 * scale, msg=key)

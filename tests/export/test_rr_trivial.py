@@ -96,7 +96,9 @@ def test_duplicated_and_dead_dimensions_solve_on_the_range_without_a_ridge(mode,
 def test_svd_excludes_the_constant_pair_and_restricts_each_side():
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(3000, 3, generator=gen, dtype=torch.float64)
-    y = x @ torch.randn(3, 3, generator=gen, dtype=torch.float64) + torch.randn(3000, 3, generator=gen, dtype=torch.float64)
+    y = x @ torch.randn(3, 3, generator=gen, dtype=torch.float64) + torch.randn(
+        3000, 3, generator=gen, dtype=torch.float64
+    )
     ones = torch.ones(3000, 1, dtype=torch.float64)
     acc = RRAccumulator(5, pairs=True, dim_right=4)
     acc.update(torch.cat([x + 2.0, ones, x[:, :1] + 2.0], 1), torch.cat([y - 1.0, ones], 1))  # bias units on both sides
@@ -110,14 +112,29 @@ def test_svd_excludes_the_constant_pair_and_restricts_each_side():
 def test_random_resnet18_over_image_shards_exports_without_a_ridge(foreign_shards, tmp_path, capsys):
     """A randomly initialised timm ResNet-18 (512 ReLU-pooled dimensions) over 480 digit images at 32 px."""
     out = tmp_path / "rr"
-    assert rr_main(["encoder=timm:resnet18", f"data.shards={foreign_shards}", "data.augment=cifar", "data.image_size=32",
-                    f"out={out}", "batch_size=120", "num_workers=0"]) == 0
+    assert (
+        rr_main(
+            [
+                "encoder=timm:resnet18",
+                f"data.shards={foreign_shards}",
+                "data.augment=cifar",
+                "data.image_size=32",
+                f"out={out}",
+                "batch_size=120",
+                "num_workers=0",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     manifest = json.loads((out / "manifest.json").read_text())
     dims = manifest["dimensions"]
     assert dims["dim"] == 512 and dims["dead"] + dims["dependent"] + dims["constant"] > 0
     assert dims["features"] == 512 - dims["dead"] - dims["dependent"] - dims["constant"] == manifest["num_features"]
-    assert f"{dims['features']} ordered features from 512 dimensions ({dims['dead']} dead, {dims['dependent']} dependent" in printed
+    assert (
+        f"{dims['features']} ordered features from 512 dimensions ({dims['dead']} dead, {dims['dependent']} dependent"
+        in printed
+    )
     tensors = load_file(str(out / "rr.safetensors"))
     assert torch.isfinite(tensors["transform"]).all() and tensors["transform"].shape == (512, dims["features"])
     assert manifest["trivial"]["handling"] == "exclude" and tensors["trivial_eigenvalue"].item() == 1.0
@@ -131,9 +148,27 @@ def test_eval_reports_both_conventions_constant_shares_and_the_spectrum_k(tmp_pa
     noisy = x[:400] + 0.3 * torch.randn(400, 8, generator=torch.Generator().manual_seed(2))
     np.savez(tmp_path / "pairs.npz", z1=x[:400].double().numpy(), z2=noisy.double().numpy())
     assert rr_main([f"embeddings={tmp_path / 'pairs.npz'}", f"out={tmp_path / 'rr'}"]) == 0
-    np.savez(tmp_path / "f.npz", train_z=x[:400].numpy(), train_y=y[:400].numpy(), test_z=x[400:].numpy(), test_y=y[400:].numpy())
-    assert eval_main([f"features={tmp_path / 'f.npz'}", f"rr={tmp_path / 'rr'}", f"out={tmp_path / 'ev'}",
-                      "probe=closed_form", "random_draws=3", "dims=[4,8]", "retrieval=none"]) == 0
+    np.savez(
+        tmp_path / "f.npz",
+        train_z=x[:400].numpy(),
+        train_y=y[:400].numpy(),
+        test_z=x[400:].numpy(),
+        test_y=y[400:].numpy(),
+    )
+    assert (
+        eval_main(
+            [
+                f"features={tmp_path / 'f.npz'}",
+                f"rr={tmp_path / 'rr'}",
+                f"out={tmp_path / 'ev'}",
+                "probe=closed_form",
+                "random_draws=3",
+                "dims=[4,8]",
+                "retrieval=none",
+            ]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "ev" / "report.json").read_text())
     assert {"RR", "RR (paper)", "PCA", "RS"} <= set(report["accuracy"])
     shares = report["constant_share"]
@@ -144,7 +179,11 @@ def test_eval_reports_both_conventions_constant_shares_and_the_spectrum_k(tmp_pa
     assert spectrum["measured"]["5pt"] == report["smallest_k"]["RR"]["accuracy_within_5pt"]
     assert all(row["k_on_grid"] in (4, 8) for row in spectrum["suggested"].values())
     md = (tmp_path / "ev" / "table.md").read_text()
-    assert "| RR (paper) |" in md and "How constant each feature is" in md and "k suggested by the Rayleigh–Ritz spectrum" in md
+    assert (
+        "| RR (paper) |" in md
+        and "How constant each feature is" in md
+        and "k suggested by the Rayleigh–Ritz spectrum" in md
+    )
 
 
 def _feature_one_mean_over_sd(head, z: torch.Tensor) -> float:
@@ -163,9 +202,21 @@ def test_quickstart_short_run_exports_an_informative_first_feature(tmp_path, con
     from eigtrain.train import compose_config, run
 
     run_dir = tmp_path / "run"
-    run(compose_config(["experiment=quickstart", f"run_dir={run_dir}", f"data.root={tmp_path / 'digits'}", "steps=30",
-                        "checkpoint_every=30", "cpu_threads=1", "logging.progress=false", "logging.wandb.mode=disabled",
-                        f"objective.constant_mode={constant_mode}"]))
+    run(
+        compose_config(
+            [
+                "experiment=quickstart",
+                f"run_dir={run_dir}",
+                f"data.root={tmp_path / 'digits'}",
+                "steps=30",
+                "checkpoint_every=30",
+                "cpu_threads=1",
+                "logging.progress=false",
+                "logging.wandb.mode=disabled",
+                f"objective.constant_mode={constant_mode}",
+            ]
+        )
+    )
     assert rr_main([f"run_dir={run_dir}", "batch_size=256", "num_workers=0"]) == 0
     val_z, _ = embed_split(open_run(str(run_dir)), "val")
     exported = _feature_one_mean_over_sd(load_head(run_dir / "rr", dtype=torch.float64), val_z)

@@ -29,8 +29,14 @@ SLURM_TASK = {
     "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
 }
 TORCHRUN = {
-    "TORCHELASTIC_RUN_ID": "none", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
-    "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "MASTER_ADDR": "node1", "MASTER_PORT": "29400",
+    "TORCHELASTIC_RUN_ID": "none",
+    "RANK": "3",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "1",
+    "MASTER_ADDR": "node1",
+    "MASTER_PORT": "29400",
 }
 
 
@@ -46,8 +52,9 @@ def slurm_conf(tmp_path, monkeypatch):
     if shutil.which("scontrol") is None:
         pytest.skip("scontrol is not installed")
     conf = tmp_path / "slurm.conf"
-    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nNodeName=localhost CPUs=1\n"
-                    "PartitionName=p Nodes=localhost\n")
+    conf.write_text(
+        "ClusterName=t\nSlurmctldHost=localhost\nNodeName=localhost CPUs=1\nPartitionName=p Nodes=localhost\n"
+    )
     monkeypatch.setenv("SLURM_CONF", str(conf))
     return conf
 
@@ -73,11 +80,14 @@ def test_expand_nodelist_with_scontrol_agrees_with_the_parser(slurm_conf, nodeli
     assert expand_nodelist(nodelist) == hosts  # Slurm's answer, or the parser's where this Slurm rejects the list
 
 
-@pytest.mark.parametrize("nodelist, hosts", [
-    ("n[9-11]", ["n9", "n10", "n11"]),
-    ("r[1-2]n[3,5]", ["r1n3", "r1n5", "r2n3", "r2n5"]),
-    ("gpu[01-03,07],cpu5", ["gpu01", "gpu02", "gpu03", "gpu07", "cpu5"]),
-])
+@pytest.mark.parametrize(
+    "nodelist, hosts",
+    [
+        ("n[9-11]", ["n9", "n10", "n11"]),
+        ("r[1-2]n[3,5]", ["r1n3", "r1n5", "r2n3", "r2n5"]),
+        ("gpu[01-03,07],cpu5", ["gpu01", "gpu02", "gpu03", "gpu07", "cpu5"]),
+    ],
+)
 def test_scontrol_expands_the_node_list_where_it_can(slurm_conf, nodelist, hosts):
     assert scontrol_hostnames(nodelist) == hosts
 
@@ -111,14 +121,30 @@ def test_expand_tasks_per_node():
 
 def test_slurm_multi_node():
     env = resolve_env(SLURM_TASK)
-    assert env == DistEnv(rank=5, world_size=8, local_rank=1, local_world_size=4, node_rank=1, num_nodes=2,
-                          master_addr="gpu07", master_port=20000 + 123456 % 20000, source="slurm")
+    assert env == DistEnv(
+        rank=5,
+        world_size=8,
+        local_rank=1,
+        local_world_size=4,
+        node_rank=1,
+        num_nodes=2,
+        master_addr="gpu07",
+        master_port=20000 + 123456 % 20000,
+        source="slurm",
+    )
 
 
 def test_slurm_uneven_tasks_per_node_and_job_level_fallbacks():
     environ = {k: v for k, v in SLURM_TASK.items() if not k.startswith("SLURM_STEP_")}
-    environ.update(SLURM_STEPID="0", SLURM_NTASKS="7", SLURM_PROCID="6", SLURM_LOCALID="2",
-                   SLURM_NODEID="1", SLURM_TASKS_PER_NODE="4,3", SLURM_JOB_NODELIST="a[1-2]-ib")
+    environ.update(
+        SLURM_STEPID="0",
+        SLURM_NTASKS="7",
+        SLURM_PROCID="6",
+        SLURM_LOCALID="2",
+        SLURM_NODEID="1",
+        SLURM_TASKS_PER_NODE="4,3",
+        SLURM_JOB_NODELIST="a[1-2]-ib",
+    )
     env = resolve_env(environ)
     assert (env.rank, env.local_rank, env.local_world_size, env.num_nodes, env.master_addr) == (6, 2, 3, 2, "a1-ib")
 
@@ -191,8 +217,17 @@ def test_torchrun_missing_or_inconsistent_variables(environ, message):
 
 
 def test_init_single_process_exports_and_creates_no_group(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "TORCHELASTIC_RUN_ID", "SLURM_STEP_ID", "SLURM_STEPID"):
+    for name in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "SLURM_STEP_ID",
+        "SLURM_STEPID",
+    ):
         monkeypatch.setenv(name, "")  # so that monkeypatch restores the original state afterwards
         monkeypatch.delenv(name)
     env = dist.init_distributed(backend="gloo")
@@ -280,7 +315,7 @@ def test_two_gloo_processes_collective_then_peer_failure_raises(failure):
             p.join()
     oks = sorted(g for g in got if g[1] == "ok")
     assert [(r, s, stop, rq) for r, _, s, stop, rq in oks] == [(0, 3.0, 3, True), (1, 3.0, 3, True)]
-    (rank, outcome, message, seconds, _), = [g for g in got if g[1] != "ok"]
+    ((rank, outcome, message, seconds, _),) = [g for g in got if g[1] != "ok"]
     assert (rank, outcome) == (0, "error"), message
     assert seconds < 10, f"collective took {seconds:.1f} s to fail (timeout 3 s)"
     if failure == "stuck":

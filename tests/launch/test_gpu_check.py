@@ -35,11 +35,15 @@ def fake_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] 
     """A real wheel file (metadata and one module) named `name`."""
     module = name.replace("-", "_")
     path = folder / f"{module}-{version}-py3-none-any.whl"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires
+    )
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr(f"{module}/__init__.py", f"VERSION = {version!r}\n")
         zf.writestr(f"{module}-{version}.dist-info/METADATA", meta)
-        zf.writestr(f"{module}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(
+            f"{module}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
         zf.writestr(f"{module}-{version}.dist-info/RECORD", "")
     return path
 
@@ -50,11 +54,17 @@ def test_offline_install_takes_from_the_image_what_it_has_new_enough_and_the_res
     monkeypatch.setitem(offline_install.OPTIONAL, "zz-optional", "works without it")
 
     have = packaging.__version__
-    wheels = {offline_install.normalize(n): (p, v, r) for p in (
-        fake_wheel(tmp_path, "packaging", "0.1"),  # the image's is newer and nothing asks for more: image
-        fake_wheel(tmp_path, "pytest", "0.1"),  # someone needs pytest>=999: the wheel (even though older: flagged)
-        fake_wheel(tmp_path, "zz-absent-here", "1.0", ("pytest>=999", "packaging>=1", "zz-nowhere>=2", "zz-optional")),
-    ) for n, v, r in [offline_install.wheel_metadata(p)]}
+    wheels = {
+        offline_install.normalize(n): (p, v, r)
+        for p in (
+            fake_wheel(tmp_path, "packaging", "0.1"),  # the image's is newer and nothing asks for more: image
+            fake_wheel(tmp_path, "pytest", "0.1"),  # someone needs pytest>=999: the wheel (even though older: flagged)
+            fake_wheel(
+                tmp_path, "zz-absent-here", "1.0", ("pytest>=999", "packaging>=1", "zz-nowhere>=2", "zz-optional")
+            ),
+        )
+        for n, v, r in [offline_install.wheel_metadata(p)]
+    }
     chosen, unmet = offline_install.plan(wheels, [])
     assert chosen["packaging"] == ("image", have)
     assert chosen["zz-absent-here"] == (".whl", "1.0")
@@ -85,15 +95,44 @@ def test_offline_install_unpacks_wheels_without_pip(tmp_path, monkeypatch):
 
 
 def test_report_shows_figures_targets_and_what_needs_several_gpus(tmp_path):
-    bench = {"results": [{"model": "resnet50", "image_size": 224, "batch": 256, "modes": {
-        "synthetic": {"images_per_s": 2600.0, "mfu": 0.41}, "reference": {"images_per_s": 3000.0, "mfu": 0.47},
-        "jpeg": {"images_per_s": 2400.0, "mfu": 0.38}}}], "skipped": ["resnet50@224 png"]}
-    report = {"versions": {"device": "NVIDIA H100 80GB HBM3", "gpus": 1, "torch": "2.11"}, "commit": "abc",
-              "written": "now", "steps": {
-                  "b_bench_gpu": {"status": "PASS", "seconds": 200, "box_s": 270, "part": 1, "what": "bench",
-                                  "figures": bench},
-                  "e_deepspeed_zero3": {"status": "TIMEOUT", "seconds": 70, "box_s": 70, "part": 2, "what": "z3",
-                                        "tail": ["last line of its log"]}}}
+    bench = {
+        "results": [
+            {
+                "model": "resnet50",
+                "image_size": 224,
+                "batch": 256,
+                "modes": {
+                    "synthetic": {"images_per_s": 2600.0, "mfu": 0.41},
+                    "reference": {"images_per_s": 3000.0, "mfu": 0.47},
+                    "jpeg": {"images_per_s": 2400.0, "mfu": 0.38},
+                },
+            }
+        ],
+        "skipped": ["resnet50@224 png"],
+    }
+    report = {
+        "versions": {"device": "NVIDIA H100 80GB HBM3", "gpus": 1, "torch": "2.11"},
+        "commit": "abc",
+        "written": "now",
+        "steps": {
+            "b_bench_gpu": {
+                "status": "PASS",
+                "seconds": 200,
+                "box_s": 270,
+                "part": 1,
+                "what": "bench",
+                "figures": bench,
+            },
+            "e_deepspeed_zero3": {
+                "status": "TIMEOUT",
+                "seconds": 70,
+                "box_s": 70,
+                "part": 2,
+                "what": "z3",
+                "tail": ["last line of its log"],
+            },
+        },
+    }
     gpu_check.write_report(tmp_path, report)
     text = (tmp_path / "REPORT.md").read_text()
     assert "NVIDIA H100 80GB HBM3" in text and "| e_deepspeed_zero3 | 2 | TIMEOUT | 70 | 70 |" in text
@@ -107,8 +146,13 @@ def test_report_shows_figures_targets_and_what_needs_several_gpus(tmp_path):
 @pytest.mark.slow
 def test_offline_install_in_an_image_only_venv_passes_the_cpu_dry_run():
     t0 = time.monotonic()
-    done = subprocess.run(["bash", str(REPO / "tools" / "ci_offline_install.sh")], env=clean_env(), capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run(
+        ["bash", str(REPO / "tools" / "ci_offline_install.sh")],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "ci_offline_install: OK" in done.stdout
     assert "no CUDA device visible" in done.stdout and "CPU dry run OK" in done.stdout
@@ -125,7 +169,9 @@ def test_offline_install_in_an_image_only_venv_passes_the_cpu_dry_run():
 def test_every_step_body_the_gpu_steps_name_exists():
     import gpu_check_steps
 
-    steps = gpu_check.cuda_steps("python", Path("runs"), Path("logs")) + gpu_check.cpu_steps("python", Path("r"), Path("l"))
+    steps = gpu_check.cuda_steps("python", Path("runs"), Path("logs")) + gpu_check.cpu_steps(
+        "python", Path("r"), Path("l")
+    )
     bodies = {s.argv[s.argv.index("--impl") + 1] for s in steps if "--impl" in s.argv}
     assert bodies == set(gpu_check_steps.IMPLS), bodies
 
@@ -144,8 +190,13 @@ def test_image_folder_shards_of_any_size_feed_the_trainer_at_a_fixed_image_size(
 
 def test_device_wheels_never_empties_a_folder_it_did_not_write(tmp_path):
     (tmp_path / "theirs.whl").write_text("not ours")
-    done = subprocess.run(["bash", str(REPO / "tools" / "device_wheels.sh"), "--out", str(tmp_path)], env=clean_env(),
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", str(REPO / "tools" / "device_wheels.sh"), "--out", str(tmp_path)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1 and "was not written by this script" in done.stderr, done.stderr
     assert (tmp_path / "theirs.whl").read_text() == "not ours"
 
@@ -158,7 +209,7 @@ def test_every_gpu_training_step_names_only_known_config_keys_and_values():
     trained = [s for s in steps if "eigtrain.train" in s.argv]
     assert {s.name[0] for s in trained} == {"a", "e"}
     for step in trained:
-        overrides = step.argv[step.argv.index("eigtrain.train") + 1:]
+        overrides = step.argv[step.argv.index("eigtrain.train") + 1 :]
         cfg = compose_config([o.replace("device=cuda", "device=cpu") for o in overrides])  # raises on a bad key/value
         validate(cfg, world_size=1)  # raises on a value out of its choices
         assert cfg.steps == 6, step.name

@@ -17,18 +17,25 @@ import cloudpickle
 import pytest
 import torch
 import torch.distributed as torch_dist
+from eigtrain.launch.slurm import JobFailedError, submit, wait, world_size
 
 from eigtrain import dist
 from eigtrain.dist.slurm_nodes import scontrol_hostnames
-from eigtrain.launch.slurm import JobFailedError, submit, wait, world_size
 
 # The jobs' Python processes import nothing from tests/: ship this module's functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def launcher(folder: Path, **overrides) -> dict:
-    return {"name": "slurm", "folder": str(folder), "time": 5, "tasks_per_node": 2, "cpus_per_task": 1,
-            "max_requeues": 2, **overrides}
+    return {
+        "name": "slurm",
+        "folder": str(folder),
+        "time": 5,
+        "tasks_per_node": 2,
+        "cpus_per_task": 1,
+        "max_requeues": 2,
+        **overrides,
+    }
 
 
 def test_launcher_config_defaults_and_errors():
@@ -54,6 +61,7 @@ def test_srun_task_ranges_are_read_as_srun_writes_them():
 def sbatch_options(*overrides: str) -> list[str]:
     """The #SBATCH lines eigtrain-train would submit for these overrides (submitit writes them)."""
     from eigtrain.launch.slurm import make_executor
+
     from eigtrain.train import compose_config
 
     cfg = compose_config(["experiment=cpu_debug", "launcher=slurm", "run_dir=/tmp/r", *overrides])
@@ -63,8 +71,13 @@ def sbatch_options(*overrides: str) -> list[str]:
 
 def test_default_resources_follow_the_data_workers_and_bind_gpus(slurm_cluster):  # submitit needs sbatch on PATH
     options = sbatch_options("data.num_workers=6", "launcher.gpus_per_node=8")
-    assert {"--cpus-per-task=7", "--mem-per-cpu=4096M", "--gpus-per-node=8", "--gpu-bind=none",
-            "--ntasks-per-node=8"} <= set(options)
+    assert {
+        "--cpus-per-task=7",
+        "--mem-per-cpu=4096M",
+        "--gpus-per-node=8",
+        "--gpu-bind=none",
+        "--ntasks-per-node=8",
+    } <= set(options)
     options = sbatch_options("launcher.gpus_per_node=4", "launcher.gpu_binding=task")
     assert {"--cpus-per-task=2", "--gpus-per-task=1", "--ntasks-per-node=4"} <= set(options)
     assert not any(o.startswith(("--gpus-per-node", "--gpu-bind")) for o in options)
@@ -76,19 +89,27 @@ def test_default_resources_follow_the_data_workers_and_bind_gpus(slurm_cluster):
 
 
 def node_cpus() -> int:
-    return int(subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, check=True).stdout.split()[0])
+    return int(
+        subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, check=True).stdout.split()[0]
+    )
 
 
 def test_a_request_no_node_can_hold_is_refused_before_submission(slurm_cluster, tmp_path):
     """2 tasks x (node's CPUs) CPUs: Slurm would accept it and keep it PENDING (PartitionConfig) for ever."""
     cpus = node_cpus()
-    with pytest.raises(ValueError, match=rf"could never start: it asks 1 node\(s\) of 2 task\(s\) x {cpus} CPU\(s\) = "
-                                         rf"{2 * cpus} CPUs.*partition 'debug' has 0 node\(s\) that can hold it .*"
-                                         r"lower launcher.tasks_per_node, launcher.cpus_per_task"):
+    with pytest.raises(
+        ValueError,
+        match=rf"could never start: it asks 1 node\(s\) of 2 task\(s\) x {cpus} CPU\(s\) = "
+        rf"{2 * cpus} CPUs.*partition 'debug' has 0 node\(s\) that can hold it .*"
+        r"lower launcher.tasks_per_node, launcher.cpus_per_task",
+    ):
         submit(launcher(tmp_path / "slurm", cpus_per_task=cpus), all_reduce_job, str(tmp_path))
     assert not (tmp_path / "slurm").exists() or not list((tmp_path / "slurm").glob("*_submission.sh"))
-    with pytest.raises(ValueError, match=r"launcher.partition='nope' is not a partition of this cluster; "
-                                         r"partitions: debug"):
+    with pytest.raises(
+        ValueError,
+        match=r"launcher.partition='nope' is not a partition of this cluster; "
+        r"partitions: debug",
+    ):
         submit(launcher(tmp_path / "slurm", partition="nope"), all_reduce_job, str(tmp_path))
 
 
@@ -98,13 +119,26 @@ def test_the_issues_two_task_job_on_a_small_node_is_one_line_from_eigtrain_train
     from eigtrain.train import main
 
     workers = node_cpus() - 1  # cpus_per_task = workers + 1 = the node's CPUs; 2 tasks need twice that
-    monkeypatch.setattr(sys, "argv", ["eigtrain-train", "experiment=cpu_debug", "launcher=slurm", "launcher.wait=true",
-                                      "launcher.tasks_per_node=2", f"data.num_workers={workers}",
-                                      f"run_dir={tmp_path / 'run'}"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "eigtrain-train",
+            "experiment=cpu_debug",
+            "launcher=slurm",
+            "launcher.wait=true",
+            "launcher.tasks_per_node=2",
+            f"data.num_workers={workers}",
+            f"run_dir={tmp_path / 'run'}",
+        ],
+    )
     with pytest.raises(SystemExit) as ended:
         main()
-    assert re.fullmatch(r"eigtrain-train: config error: this Slurm job could never start: it asks 1 node\(s\) of 2 "
-                        r"task\(s\) x \d+ CPU\(s\) = \d+ CPUs.*", str(ended.value.code)), ended.value.code
+    assert re.fullmatch(
+        r"eigtrain-train: config error: this Slurm job could never start: it asks 1 node\(s\) of 2 "
+        r"task\(s\) x \d+ CPU\(s\) = \d+ CPUs.*",
+        str(ended.value.code),
+    ), ended.value.code
     assert not list(tmp_path.rglob("*_submission.sh"))
 
 
@@ -117,8 +151,11 @@ def test_waiting_on_a_job_that_can_never_start_ends_with_one_line(slurm_cluster,
         with pytest.raises(JobFailedError) as failed:
             wait(job, poll_s=0.5, timeout_s=90)
         message = str(failed.value)
-        assert "\n" not in message and re.match(rf"Slurm job {job.job_id} can never start \(PartitionConfig: it asks "
-                                                 r"more than the partition's nodes have .*\); cancelled it", message)
+        assert "\n" not in message and re.match(
+            rf"Slurm job {job.job_id} can never start \(PartitionConfig: it asks "
+            r"more than the partition's nodes have .*\); cancelled it",
+            message,
+        )
         assert slurm_state(job.job_id) in ("CANCELLED", None)
     finally:
         subprocess.run(["scancel", job.job_id])
@@ -128,28 +165,49 @@ def test_pending_reasons_that_mean_never_and_those_that_mean_later():
     from eigtrain.launch.slurm_capacity import never_starts
 
     assert never_starts({"JobState": "PENDING", "Reason": "PartitionTimeLimit"}).startswith("PartitionTimeLimit: its")
-    for fields in ({"JobState": "PENDING", "Reason": "Resources"}, {"JobState": "PENDING", "Reason": "Priority"},
-                   {"JobState": "RUNNING", "Reason": "None"}, {"JobState": "PENDING", "Reason": "ReqNodeNotAvail"}):
+    for fields in (
+        {"JobState": "PENDING", "Reason": "Resources"},
+        {"JobState": "PENDING", "Reason": "Priority"},
+        {"JobState": "RUNNING", "Reason": "None"},
+        {"JobState": "PENDING", "Reason": "ReqNodeNotAvail"},
+    ):
         assert never_starts(fields) is None
 
 
 @pytest.mark.slow
 def test_slurm_sweep_submits_one_job_per_point_with_the_default_resources(slurm_cluster, tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "eigtrain.train", "-m", "experiment=cpu_debug", "optim.lr=0.05,0.1", "launcher=slurm",
-         f"run_dir={tmp_path / 'sweep'}", "+launcher.additional_parameters.hold=true"],  # held: never runs
-        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "eigtrain.train",
+            "-m",
+            "experiment=cpu_debug",
+            "optim.lr=0.05,0.1",
+            "launcher=slurm",
+            f"run_dir={tmp_path / 'sweep'}",
+            "+launcher.additional_parameters.hold=true",
+        ],  # held: never runs
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     jobs = [line.split()[3] for line in out.stdout.splitlines() if line.startswith("submitted Slurm job")]
     try:
         assert len(jobs) == 2
-        shown = [subprocess.run(["scontrol", "show", "job", "-o", j], capture_output=True, text=True, check=True).stdout
-                 for j in jobs]
+        shown = [
+            subprocess.run(["scontrol", "show", "job", "-o", j], capture_output=True, text=True, check=True).stdout
+            for j in jobs
+        ]
         for job in shown:  # cpu_debug: 1 loader worker + the training process
             assert "CPUs/Task=2" in job and "MinMemoryCPU=4G" in job and "JobState=PENDING" in job, job
         logs = sorted(field.split("=", 1)[1] for job in shown for field in job.split() if field.startswith("StdOut="))
-        assert [Path(log).parent.parent.name for log in logs] == ["experiment=cpu_debug,optim.lr=0.05",
-                                                                  "experiment=cpu_debug,optim.lr=0.1"]
+        assert [Path(log).parent.parent.name for log in logs] == [
+            "experiment=cpu_debug,optim.lr=0.05",
+            "experiment=cpu_debug,optim.lr=0.1",
+        ]
     finally:
         subprocess.run(["scancel", *jobs])
 
@@ -162,8 +220,12 @@ def all_reduce_job(out: str) -> int:
     env = dist.init_distributed(timeout_s=60)
     total = torch.tensor([env.rank + 1.0])
     torch_dist.all_reduce(total)
-    record = {**asdict(env), "sum": total.item(), "RANK": os.environ["RANK"],
-              "scontrol": scontrol_hostnames(os.environ["SLURM_STEP_NODELIST"])}  # Slurm's own expansion served
+    record = {
+        **asdict(env),
+        "sum": total.item(),
+        "RANK": os.environ["RANK"],
+        "scontrol": scontrol_hostnames(os.environ["SLURM_STEP_NODELIST"]),
+    }  # Slurm's own expansion served
     Path(out, f"rank{env.rank}.json").write_text(json.dumps(record))
     dist.destroy()
     return env.rank
@@ -176,10 +238,20 @@ def test_two_task_job_forms_a_group(slurm_cluster, tmp_path):
     port = 20000 + int(job.job_id) % 20000
     for rank in (0, 1):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert record == {"rank": rank, "world_size": 2, "local_rank": rank, "local_world_size": 2,
-                          "node_rank": 0, "num_nodes": 1, "master_addr": os.uname().nodename.split(".")[0],
-                          "master_port": port, "source": "slurm", "sum": 3.0, "RANK": str(rank),
-                          "scontrol": [os.uname().nodename.split(".")[0]]}
+        assert record == {
+            "rank": rank,
+            "world_size": 2,
+            "local_rank": rank,
+            "local_world_size": 2,
+            "node_rank": 0,
+            "num_nodes": 1,
+            "master_addr": os.uname().nodename.split(".")[0],
+            "master_port": port,
+            "source": "slurm",
+            "sum": 3.0,
+            "RANK": str(rank),
+            "scontrol": [os.uname().nodename.split(".")[0]],
+        }
     script = job.paths.submission_file.read_text()
     for flag in ("--signal=USR2@120", "--requeue", "--ntasks-per-node=2", "--kill-on-bad-exit=1", "unset RANK"):
         assert flag in script
@@ -326,8 +398,14 @@ def test_signalled_job_is_requeued_and_finishes_like_an_uninterrupted_run(slurm_
 @pytest.mark.slow
 @pytest.mark.parametrize("save_on_signal", [False, True])
 def test_requeues_are_bounded(slurm_cluster, tmp_path, save_on_signal):
-    job = submit(launcher(tmp_path / "slurm", save_on_signal=save_on_signal, max_requeues=0),
-                 progress_job, str(tmp_path), STEPS, SAVE_EVERY, STEP_S)
+    job = submit(
+        launcher(tmp_path / "slurm", save_on_signal=save_on_signal, max_requeues=0),
+        progress_job,
+        str(tmp_path),
+        STEPS,
+        SAVE_EVERY,
+        STEP_S,
+    )
     signal_after(job, tmp_path, step=3)
     with pytest.raises(JobFailedError, match="not requeued"):
         wait(job, poll_s=0.5, timeout_s=60)
@@ -341,13 +419,25 @@ def test_requeues_are_bounded(slurm_cluster, tmp_path, save_on_signal):
 def training_config(run_dir: Path, data_root: Path, *overrides: str):
     from eigtrain.train import compose_config
 
-    return compose_config([
-        "experiment=cpu_debug", f"run_dir={run_dir}", f"data.root={data_root}", "data.num_workers=1",
-        "steps=40", "checkpoint_every=10", "keep_last=10", "log_every=1",
-        "logging.wandb.mode=disabled", "logging.progress=false",
-        "launcher=slurm", "launcher.tasks_per_node=2", "launcher.cpus_per_task=1", "launcher.time=5",
-        *overrides,
-    ])
+    return compose_config(
+        [
+            "experiment=cpu_debug",
+            f"run_dir={run_dir}",
+            f"data.root={data_root}",
+            "data.num_workers=1",
+            "steps=40",
+            "checkpoint_every=10",
+            "keep_last=10",
+            "log_every=1",
+            "logging.wandb.mode=disabled",
+            "logging.progress=false",
+            "launcher=slurm",
+            "launcher.tasks_per_node=2",
+            "launcher.cpus_per_task=1",
+            "launcher.time=5",
+            *overrides,
+        ]
+    )
 
 
 def first_logged_step(run_dir: Path, timeout_s: float = 90) -> None:
@@ -359,11 +449,11 @@ def first_logged_step(run_dir: Path, timeout_s: float = 90) -> None:
 
 @pytest.mark.slow
 def test_training_job_checkpoints_and_resumes_after_requeue_to_the_same_weights(slurm_cluster, tmp_path):
+    from eigtrain.launch import launch
     from safetensors.torch import load_file
 
     from eigtrain.checkpoint import complete_checkpoints
     from eigtrain.train import run
-    from eigtrain.launch import launch
 
     data = tmp_path / "data"  # written by the first job's rank 0 (write_if_missing)
     whole = training_config(tmp_path / "whole", data)

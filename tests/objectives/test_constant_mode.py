@@ -39,8 +39,9 @@ def test_masked_loss_is_the_loss_of_the_constant_and_each_prefix(normalize, nest
 
     prefixes = range(1, 6) if nesting == "joint" else [5]
     want = sum(_lora_of(with_constant(f, k), with_constant(g, k)) for k in prefixes) / len(prefixes)
-    objective = build_objective("scl", 5, nesting=nesting, normalize=normalize, constant_mode="fixed",
-                                distributed=False)
+    objective = build_objective(
+        "scl", 5, nesting=nesting, normalize=normalize, constant_mode="fixed", distributed=False
+    )
     loss, terms = objective(f, g)
     torch.testing.assert_close(loss, want, rtol=0, atol=1e-12)
     assert "constant" in terms
@@ -48,8 +49,10 @@ def test_masked_loss_is_the_loss_of_the_constant_and_each_prefix(normalize, nest
 
 def test_two_encoders_hold_one_constant_on_each_side():
     gen = torch.Generator().manual_seed(1)
-    f, g = torch.randn(10, 3, generator=gen, dtype=torch.float64) + 1, torch.randn(10, 3, generator=gen,
-                                                                                      dtype=torch.float64)
+    f, g = (
+        torch.randn(10, 3, generator=gen, dtype=torch.float64) + 1,
+        torch.randn(10, 3, generator=gen, dtype=torch.float64),
+    )
     ones = torch.ones(10, 1, dtype=torch.float64)
     loss, _ = build_objective("lora", 3, constant_mode="fixed", distributed=False)(f, g)
     torch.testing.assert_close(loss, _lora_of(torch.cat([ones, f], 1), torch.cat([ones, g], 1)), rtol=0, atol=1e-12)
@@ -60,8 +63,9 @@ def _train_table(constant_mode: str, dim: int = 2, steps: int = 300, batch: int 
     pairs drawn from the Walsh kernel; returns f as a (4, dim) table."""
     torch.manual_seed(0)
     table = torch.nn.Parameter(0.1 * torch.randn(4, dim, dtype=torch.float64) + 0.5)
-    objective = build_objective("scl", dim, nesting="joint", normalize="none", constant_mode=constant_mode,
-                                distributed=False)
+    objective = build_objective(
+        "scl", dim, nesting="joint", normalize="none", constant_mode=constant_mode, distributed=False
+    )
     opt = torch.optim.Adam([table], lr=0.05)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)  # decays the sampling noise away
     gen = torch.Generator().manual_seed(1)
@@ -95,25 +99,41 @@ def test_without_it_the_first_prefix_learns_the_constant():
     assert _constant_share(_train_table("none"))[0] > 0.99
 
 
-@pytest.mark.parametrize("coefficients, message", [
-    ({"constant_mode": "learned"}, "constant_mode='learned' is unknown; allowed: none, fixed"),
-    ({"center": True}, "constant_mode='fixed' \\(the default\\) cannot be combined with center=true"),
-])
+@pytest.mark.parametrize(
+    "coefficients, message",
+    [
+        ({"constant_mode": "learned"}, "constant_mode='learned' is unknown; allowed: none, fixed"),
+        ({"center": True}, "constant_mode='fixed' \\(the default\\) cannot be combined with center=true"),
+    ],
+)
 def test_bad_constant_mode_is_one_clear_error(coefficients, message):
     with pytest.raises(ValueError, match=message):
         build_objective("scl", 4, nesting="joint", **coefficients)
 
 
 @pytest.mark.slow  # ~25 s on 2 shared cores
-def test_quickstart_training_with_the_constant_held_outside_leaves_the_first_coordinates_mean_zero(digits_root,
-                                                                                                   tmp_path):
+def test_quickstart_training_with_the_constant_held_outside_leaves_the_first_coordinates_mean_zero(
+    digits_root, tmp_path
+):
     # The quickstart's recipe (tiny CNN, SCL normalize=full, joint nesting over every prefix, dim 32), shortened to
     # 60 steps of 64, with its defaults (constant_mode=fixed). With constant_mode=none this run's coordinates 1-4 hold
     # constant shares 0.09, 0.68, 0.26, 0.00 (the constant spread over the first prefixes; benchmarks/jn_constant.md);
     # with the constant held outside, each stays below 0.03.
-    run(compose_config(["experiment=quickstart", f"run_dir={tmp_path / 'run'}", f"data.root={digits_root}",
-                        "steps=60", "batch_size=64", "checkpoint_every=60", "cpu_threads=1", "logging.progress=false",
-                        "logging.wandb.mode=disabled"]))
+    run(
+        compose_config(
+            [
+                "experiment=quickstart",
+                f"run_dir={tmp_path / 'run'}",
+                f"data.root={digits_root}",
+                "steps=60",
+                "batch_size=64",
+                "checkpoint_every=60",
+                "cpu_threads=1",
+                "logging.progress=false",
+                "logging.wandb.mode=disabled",
+            ]
+        )
+    )
     z, _ = embed_split(open_run(str(tmp_path / "run")), "val")
     shares = constant_share(z[:, :4])
     assert max(shares) < 0.1, shares

@@ -58,12 +58,22 @@ def _naive_rq(f, g, mu=10.0, nu=30.0):
     """Biased: squares of full-batch moments instead of split-batch products."""
     m = (f.T @ f + g.T @ g) / (2 * len(f))
     off = 1 - torch.eye(D, dtype=F64)
-    return (f - g).pow(2).sum(1).mean() + mu / D * ((torch.diagonal(m) - 1) ** 2).sum() + nu / (D * (D - 1)) * (m.pow(2) * off).sum()
+    return (
+        (f - g).pow(2).sum(1).mean()
+        + mu / D * ((torch.diagonal(m) - 1) ** 2).sum()
+        + nu / (D * (D - 1)) * (m.pow(2) * off).sum()
+    )
 
 
 @pytest.mark.parametrize(
     "name, nesting, naive",
-    [("lora", "none", _naive_lora), ("lora", "joint", None), ("rq", "none", _naive_rq), ("rq", "joint", None), ("rq_direct", "none", None)],
+    [
+        ("lora", "none", _naive_lora),
+        ("lora", "joint", None),
+        ("rq", "none", _naive_rq),
+        ("rq", "joint", None),
+        ("rq_direct", "none", None),
+    ],
 )
 def test_batch_estimates_are_unbiased(name, nesting, naive):
     f, g, mom = _gaussian_pairs()
@@ -73,7 +83,11 @@ def test_batch_estimates_are_unbiased(name, nesting, naive):
     prefixes = range(1, D + 1) if nesting == "joint" else [D]
     population = _population(name, mom, list(prefixes))
     stderr = estimates.std() / BATCHES**0.5
-    assert abs(estimates.mean().item() - population) < 4 * stderr.item(), (estimates.mean().item(), population, stderr.item())
+    assert abs(estimates.mean().item() - population) < 4 * stderr.item(), (
+        estimates.mean().item(),
+        population,
+        stderr.item(),
+    )
     if naive is not None:  # the check has teeth: the biased estimator fails it
         biased = torch.stack([naive(f[i], g[i]) for i in range(BATCHES)])
         assert abs(biased.mean().item() - population) > 8 * (biased.std() / BATCHES**0.5).item()

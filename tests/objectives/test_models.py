@@ -6,16 +6,28 @@ from torch import nn
 
 from eigtrain.models import Encoder, PairEncoder, build_backbone, build_encoder
 
-BASE = dict(width=8, depth=2, cifar_stem=False, patch_size=8, projector_hidden=32, projector_layers=2,
-            projector_batch_norm=True, sync_batch_norm=False, context=None)
+BASE = dict(
+    width=8,
+    depth=2,
+    cifar_stem=False,
+    patch_size=8,
+    projector_hidden=32,
+    projector_layers=2,
+    projector_batch_norm=True,
+    sync_batch_norm=False,
+    context=None,
+)
 
 
-@pytest.mark.parametrize("backbone, shape", [
-    ("tiny_cnn", (1, 8, 8)),
-    ("mlp", (5,)),
-    ("resnet18", (3, 32, 32)),
-    ("vit_tiny", (3, 32, 32)),
-])
+@pytest.mark.parametrize(
+    "backbone, shape",
+    [
+        ("tiny_cnn", (1, 8, 8)),
+        ("mlp", (5,)),
+        ("resnet18", (3, 32, 32)),
+        ("vit_tiny", (3, 32, 32)),
+    ],
+)
 def test_encoder_maps_a_batch_to_dim(backbone, shape):
     torch.manual_seed(0)
     encoder = build_encoder({**BASE, "backbone": backbone}, dim=12, input_shape=shape)
@@ -44,8 +56,11 @@ def test_vit_image_and_patch_size_are_configurable():
 
 
 def test_projector_of_the_papers_runs():  # configs/model/resnet18.yaml's projector; defaults: tests/config
-    encoder = build_encoder({"backbone": "tiny_cnn", "width": 8, "projector_hidden": 2048, "projector_layers": 2},
-                            dim=512, input_shape=(3, 8, 8))
+    encoder = build_encoder(
+        {"backbone": "tiny_cnn", "width": 8, "projector_hidden": 2048, "projector_layers": 2},
+        dim=512,
+        input_shape=(3, 8, 8),
+    )
     linears = [m for m in encoder.projector if isinstance(m, torch.nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [(16, 2048), (2048, 2048), (2048, 512)]
 
@@ -72,8 +87,10 @@ def test_resnet_runs_use_sync_batch_norm_on_several_gpus_unless_switched_off(cap
     from eigtrain.train import compose_config
 
     def kinds(model):
-        return (sum(isinstance(m, nn.SyncBatchNorm) for m in model.modules()),
-                sum(type(m) in (nn.BatchNorm1d, nn.BatchNorm2d) for m in model.modules()))
+        return (
+            sum(isinstance(m, nn.SyncBatchNorm) for m in model.modules()),
+            sum(type(m) in (nn.BatchNorm1d, nn.BatchNorm2d) for m in model.modules()),
+        )
 
     on = compose_config(["model=resnet18"]).model
     off = compose_config(["model=resnet18", "model.sync_batch_norm=false"]).model

@@ -20,18 +20,38 @@ def _center_pooled(f, g):
 CASES = {
     # lora/scl without the constant held outside (its own brute force: tests/objectives/test_constant_mode.py)
     "lora": ("lora", {"constant_mode": "none"}, ref.lora, None),
-    "lora-center": ("lora", {"center": True, "constant_mode": "none"}, ref.lora, lambda f, g: (f - f.mean(0), g - g.mean(0))),
+    "lora-center": (
+        "lora",
+        {"center": True, "constant_mode": "none"},
+        ref.lora,
+        lambda f, g: (f - f.mean(0), g - g.mean(0)),
+    ),
     "scl": ("scl", {"constant_mode": "none"}, ref.lora, None),
-    "scl-normalize": ("scl", {"normalize": True, "constant_mode": "none"}, ref.lora, lambda f, g: (F.normalize(f, dim=1), F.normalize(g, dim=1))),
+    "scl-normalize": (
+        "scl",
+        {"normalize": True, "constant_mode": "none"},
+        ref.lora,
+        lambda f, g: (F.normalize(f, dim=1), F.normalize(g, dim=1)),
+    ),
     "scl-center": ("scl", {"center": True, "constant_mode": "none"}, ref.lora, _center_pooled),
     "rq": ("rq", {"mu": 3.0, "nu": 7.0}, lambda f, g: ref.rq(f, g, 3.0, 7.0), None),
     "rq-pairs": ("rq", {"pairs": True}, lambda f, g: ref.rq(f, g, pairs=True), None),
     "rq-center": ("rq", {"center": True}, ref.rq, _center_pooled),
     "rq_direct": ("rq_direct", {}, ref.rq_direct, None),
     "vicreg": ("vicreg", {}, ref.vicreg, None),
-    "vicreg-coef": ("vicreg", {"sim_coeff": 2.0, "std_coeff": 3.0, "cov_coeff": 5.0}, lambda f, g: ref.vicreg(f, g, 2.0, 3.0, 5.0), None),
+    "vicreg-coef": (
+        "vicreg",
+        {"sim_coeff": 2.0, "std_coeff": 3.0, "cov_coeff": 5.0},
+        lambda f, g: ref.vicreg(f, g, 2.0, 3.0, 5.0),
+        None,
+    ),
     "vicreg_paper": ("vicreg_paper", {}, ref.vicreg_paper, None),
-    "vicreg_paper-coef": ("vicreg_paper", {"lam": 2.0, "mu": 3.0, "nu": 5.0, "eps": 1e-3}, lambda f, g: ref.vicreg_paper(f, g, 2.0, 3.0, 5.0, 1e-3), None),
+    "vicreg_paper-coef": (
+        "vicreg_paper",
+        {"lam": 2.0, "mu": 3.0, "nu": 5.0, "eps": 1e-3},
+        lambda f, g: ref.vicreg_paper(f, g, 2.0, 3.0, 5.0, 1e-3),
+        None,
+    ),
 }
 
 PREFIX_SETS = {
@@ -118,8 +138,7 @@ def test_sequential_nesting_value_and_stop_gradient(case):
 
 def test_prefix_normalized_scl_equals_bruteforce():
     prefixes = mrl_prefixes(DIM)
-    objective = build_objective("scl", DIM, nesting="joint", prefixes="mrl", normalize="prefix",
-                                constant_mode="none")
+    objective = build_objective("scl", DIM, nesting="joint", prefixes="mrl", normalize="prefix", constant_mode="none")
     f, g = _features(3)
     loss, _ = objective(f, g)
     expected = sum(

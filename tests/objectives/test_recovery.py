@@ -71,7 +71,9 @@ def test_lora_joint_nesting_recovers_ordered_singular_pairs():
     f, g = f.numpy(), g.numpy()
     p = joint.numpy()
     # population singular value estimate of each learned pair: E[f_i g_i] / sqrt(E f_i^2 E g_i^2)
-    values = np.array([f[:, i] @ p @ g[:, i] / np.sqrt((px * f[:, i] ** 2).sum() * (pa * g[:, i] ** 2).sum()) for i in range(D)])
+    values = np.array(
+        [f[:, i] @ p @ g[:, i] / np.sqrt((px * f[:, i] ** 2).sum() * (pa * g[:, i] ** 2).sum()) for i in range(D)]
+    )
     _check(values, f, g, s, u, v, px, pa)
 
 

@@ -157,8 +157,20 @@ def test_two_rank_training_is_the_same_through_either_route(digits_root, tmp_pat
     runs = {}
     for route in ("moments", "gather"):
         run_dir = tmp_path / route
-        check(torchrun(tmp_path, ["-m", "eigtrain.train"], *overrides(run_dir, digits_root, "steps=4",
-                       "checkpoint_every=4", "objective=rq", f"objective.reduction={route}")))
+        check(
+            torchrun(
+                tmp_path,
+                ["-m", "eigtrain.train"],
+                *overrides(
+                    run_dir,
+                    digits_root,
+                    "steps=4",
+                    "checkpoint_every=4",
+                    "objective=rq",
+                    f"objective.reduction={route}",
+                ),
+            )
+        )
         runs[route] = losses(run_dir)
     assert [s for s, _ in runs["gather"]] == [s for s, _ in runs["moments"]] == [1, 2, 3, 4]
     for (_, gathered), (_, reduced) in zip(runs["gather"], runs["moments"]):

@@ -26,8 +26,10 @@ from PIL import Image
 from tests.support.fault_server import FaultServer
 from tests.support.foreign_shards import good_samples, write_shard
 
-pytestmark = [pytest.mark.timeout(120),
-              pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")]
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning"),
+]
 
 ENCODER = "encoder=module:tests.safety.test_bad_input:tiny_encoder"
 
@@ -101,8 +103,13 @@ def rr(world: World, *args: str) -> Outcome:
 
     base = ["num_workers=0", "batch_size=4", "device=cpu"]
     if not any(a.startswith("run_dir=") for a in args):  # a run brings its encoder and data
-        base += [ENCODER, "data.image_size=8", "data.augment=cifar", f"data.cache_dir={world.tmp / 'cache'}",
-                 "data.io_timeout_s=1"]
+        base += [
+            ENCODER,
+            "data.image_size=8",
+            "data.augment=cifar",
+            f"data.cache_dir={world.tmp / 'cache'}",
+            "data.io_timeout_s=1",
+        ]
     names = {a.partition("=")[0] for a in args}
     argv = [a for a in base if a.partition("=")[0] not in names] + list(args)
     if not any(a.startswith("out=") for a in argv):
@@ -128,8 +135,9 @@ def train(world: World, *overrides: str) -> Outcome:
 def shards_index(world: World, pattern: str, *args: str) -> Outcome:
     from eigtrain.data.write import main
 
-    return world.unchanged(lambda: _exit_outcome(lambda: main(["index", pattern, f"out={world.tmp / 'index.json'}",
-                                                                 *args])))
+    return world.unchanged(
+        lambda: _exit_outcome(lambda: main(["index", pattern, f"out={world.tmp / 'index.json'}", *args]))
+    )
 
 
 def _exit_outcome(main: Callable[[], object]) -> Outcome:
@@ -187,6 +195,7 @@ def http_status(status):
         outcome = rr(world, f"data.shards={world.server.url('good-{0..1}.tar')}")
         assert world.server.gets("good-1.tar") == 1  # permanent: never retried
         return outcome
+
     return case
 
 
@@ -194,6 +203,7 @@ def http_flaky(*faults):
     def case(world):
         world.server.faults["/good-1.tar"] = list(faults)
         return rr(world, f"data.shards={world.server.url('good-{0..1}.tar')}")
+
     return case
 
 
@@ -210,6 +220,7 @@ def damaged(kind):
         data = {"truncated": whole[:cut], "empty": b"", "not_tar": os.urandom(3000)}[kind]
         world.raw("good-1.tar", data)
         return rr(world, f"data.shards={local(world, 'good-{0..1}.tar')}")
+
     return case
 
 
@@ -217,6 +228,7 @@ def bad_sample(**change):
     def case(world):
         world.shard("good-1.tar", good_with("b1", 6, 3, **change))
         return rr(world, f"data.shards={local(world, 'good-{0..1}.tar')}", "data.label_key=cls")
+
     return case
 
 
@@ -274,8 +286,10 @@ def small_disk(world, size: str):
 def _mount(place: Path, options: str) -> bool:
     if os.geteuid() != 0:
         return False
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(place)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(place)], capture_output=True).returncode
+        == 0
+    )
 
 
 def no_image_size(world):
@@ -295,9 +309,18 @@ def index_of(pattern_of: Callable[[World], str], *args):
 
 
 def nan_loss(world):
-    outcome = train(world, "experiment=cpu_debug", f"run_dir={world.tmp / 'run'}", "steps=4", "optim.lr=1e30",
-                    "max_nonfinite_steps=1", "checkpoint_every=1", "logging.wandb.mode=disabled",
-                    "logging.progress=false", "data.num_workers=0")
+    outcome = train(
+        world,
+        "experiment=cpu_debug",
+        f"run_dir={world.tmp / 'run'}",
+        "steps=4",
+        "optim.lr=1e30",
+        "max_nonfinite_steps=1",
+        "checkpoint_every=1",
+        "logging.wandb.mode=disabled",
+        "logging.progress=false",
+        "data.num_workers=0",
+    )
     last_good = re.search(r"last good checkpoint: (\S+)", outcome.message)
     assert last_good and (last_good.group(1) == "None" or Path(last_good.group(1)).is_dir()), outcome.message
     return outcome
@@ -305,9 +328,21 @@ def nan_loss(world):
 
 def train_small(world, run_dir, shards, *extra):
     """A 2-step cpu_debug run on `shards` (12 samples, batches of 6): Hydra's last value wins for `extra`'s keys."""
-    return train(world, "experiment=cpu_debug", f"run_dir={run_dir}", f"data.shards='{shards}'",
-                 "data.image_size=[8,8]", "data.label_key=cls", "logging.wandb.mode=disabled",
-                 "logging.progress=false", "data.num_workers=0", "batch_size=6", "steps=2", "checkpoint_every=1", *extra)
+    return train(
+        world,
+        "experiment=cpu_debug",
+        f"run_dir={run_dir}",
+        f"data.shards='{shards}'",
+        "data.image_size=[8,8]",
+        "data.label_key=cls",
+        "logging.wandb.mode=disabled",
+        "logging.progress=false",
+        "data.num_workers=0",
+        "batch_size=6",
+        "steps=2",
+        "checkpoint_every=1",
+        *extra,
+    )
 
 
 def checkpoint_full_disk(world):
@@ -320,8 +355,15 @@ def checkpoint_full_disk(world):
 def all_bad_batch(world):
     """Every sample of one batch unusable (a whole shard of garbage, read as one batch): a counted, skipped step."""
     world.shard("good-1.tar", [{"__key__": f"x-{i}", "jpg": b"\xff\xd8 garbage", "cls": 0} for i in range(6)])
-    return train_small(world, world.tmp / "run", local(world, "good-{0..1}.tar"), "data.mix_shards=1",
-                       "data.shuffle_block=0", "data.max_corrupt=100", "steps=4")
+    return train_small(
+        world,
+        world.tmp / "run",
+        local(world, "good-{0..1}.tar"),
+        "data.mix_shards=1",
+        "data.shuffle_block=0",
+        "data.max_corrupt=100",
+        "steps=4",
+    )
 
 
 def pipe_in_saved_config(world):
@@ -349,23 +391,52 @@ CASES = [  # name, set-up and command, (exit code, regex of the one line eigtrai
     case("http-500-then-ok", http_flaky("500", "ok"), OK),
     case("http-503-twice-then-ok", http_flaky("503", "503", "ok"), OK),
     case("connection-reset-mid-tar", http_flaky("reset", "ok"), OK),
-    case("stalled-server", http_stalled, (2, r"good-1.tar cannot be read to its end after \d+ samples \((TimeoutError|"
-                                         r"timeout).*truncated or unreachable")),
-    case("stalled-server-index", index_of(lambda w: (w.server.faults.update({"/good-1.tar": ["stall"]}),
-                                                 w.server.url("good-{0..1}.tar"))[1], "timeout_s=0.5"),
-     (1, r"eigtrain-shards index: error: shard .*good-1.tar cannot be read to its end")),
-    case("truncated-tar", damaged("truncated"), (2, r"good-1.tar cannot be read to its end after \d+ samples .*truncated")),
+    case(
+        "stalled-server",
+        http_stalled,
+        (
+            2,
+            r"good-1.tar cannot be read to its end after \d+ samples \((TimeoutError|"
+            r"timeout).*truncated or unreachable",
+        ),
+    ),
+    case(
+        "stalled-server-index",
+        index_of(
+            lambda w: (w.server.faults.update({"/good-1.tar": ["stall"]}), w.server.url("good-{0..1}.tar"))[1],
+            "timeout_s=0.5",
+        ),
+        (1, r"eigtrain-shards index: error: shard .*good-1.tar cannot be read to its end"),
+    ),
+    case(
+        "truncated-tar",
+        damaged("truncated"),
+        (2, r"good-1.tar cannot be read to its end after \d+ samples .*truncated"),
+    ),
     case("empty-tar", damaged("empty"), (2, r"good-1.tar cannot be read to its end after 0 samples")),
     case("non-tar-bytes", damaged("not_tar"), (2, r"good-1.tar cannot be read to its end after 0 samples")),
-    case("jpeg-with-garbage", bad_sample(jpg=b"\xff\xd8\xff\xe0 garbage"),
-     (2, r"1 unusable samples in data.shards .*more than max_corrupt=0; the last: shard .*good-1.tar, key b1-03")),
+    case(
+        "jpeg-with-garbage",
+        bad_sample(jpg=b"\xff\xd8\xff\xe0 garbage"),
+        (2, r"1 unusable samples in data.shards .*more than max_corrupt=0; the last: shard .*good-1.tar, key b1-03"),
+    ),
     case("png-16-bit", bad_sample(jpg=None, png=png("I;16")), OK),
     case("png-gray-alpha", bad_sample(jpg=None, png=png("LA")), OK),
     case("png-palette", bad_sample(jpg=None, png=png("P")), OK),
-    case("no-image-member", bad_sample(jpg=None, txt="a caption"),
-     (2, r"key b1-03: KeyError: .no image member .*the sample has \['cls', 'txt'\]")),
-    case("wrong-label-type", bad_sample(cls="seven"), (2, r"key b1-03: ValueError: label data.label_key=cls is 'seven', "
-                                                        r"not an integer")),
+    case(
+        "no-image-member",
+        bad_sample(jpg=None, txt="a caption"),
+        (2, r"key b1-03: KeyError: .no image member .*the sample has \['cls', 'txt'\]"),
+    ),
+    case(
+        "wrong-label-type",
+        bad_sample(cls="seven"),
+        (
+            2,
+            r"key b1-03: ValueError: label data.label_key=cls is 'seven', "
+            r"not an integer",
+        ),
+    ),
     case("all-bad-shard", all_bad, (2, r"4 unusable samples .*more than max_corrupt=3; the last: shard .*good-1.tar")),
     case("url-with-token", token_url, OK),
     case("out-an-existing-run-dir", out_existing_run_dir, (2, r"my-run")),
@@ -374,26 +445,61 @@ CASES = [  # name, set-up and command, (exit code, regex of the one line eigtrai
     case("rr-without-image-size", no_image_size, (2, r"encoder= with data.shards needs data.image_size")),
     case("rr-unknown-key", rr_args("colour=red"), (2, r"unknown key 'colour'; allowed: ")),
     case("rr-bad-value", rr_args("batch_size=many"), (2, r"batch_size")),
-    case("train-bad-override-value", train_args("steps=abc"),
-     (1, r"eigtrain-train: config error: bad value for steps: Value 'abc'")),
+    case(
+        "train-bad-override-value",
+        train_args("steps=abc"),
+        (1, r"eigtrain-train: config error: bad value for steps: Value 'abc'"),
+    ),
     case("train-unknown-key", train_args("colour=red"), (1, r"eigtrain-train: config error: unknown key 'colour'")),
-    case("train-unquoted-brace", train_args("data.shards=/x/a-{000..009}.tar"),
-     (1, r"Hydra reads braces as its own syntax; quote the pattern as \"data.shards='/x/a-\{000..009\}.tar'\"")),
-    case("train-shell-expanded-brace", train_args("data.shards=/x/a-000.tar", "data.shards=/x/a-001.tar"),
-     (1, r"data.shards is given 2 times \(/x/a-000.tar, /x/a-001.tar\): did the shell expand a brace pattern\? "
-         r"Quote it")),
-    case("train-http-404-at-start", lambda w: (w.server.faults.update({"/good-1.tar": ["404"]}), train(
-        w, "experiment=cpu_debug", f"run_dir={w.tmp / 'run'}", f"data.shards='{w.server.url('good-{0..1}.tar')}'",
-        "data.image_size=[8,8]", "logging.wandb.mode=disabled"))[1],
-     (1, r"^eigtrain-train: data error: cannot open shard http://127.0.0.1:\d+/good-1.tar: HTTP 404")),
-    case("too-few-samples-for-a-batch", lambda w: train_small(w, w.tmp / "run", local(w, "good-{0..1}.tar"),
-                                                              "batch_size=64"),
-         (1, r"^eigtrain-train: data.shards .* has 12 samples, fewer than one batch per worker")),
-    case("checkpoint-on-a-full-disk", checkpoint_full_disk,
-         (1, r"eigtrain-train: cannot write a checkpoint in .*full/run \(\d+ bytes free there\)")),
+    case(
+        "train-unquoted-brace",
+        train_args("data.shards=/x/a-{000..009}.tar"),
+        (1, r"Hydra reads braces as its own syntax; quote the pattern as \"data.shards='/x/a-\{000..009\}.tar'\""),
+    ),
+    case(
+        "train-shell-expanded-brace",
+        train_args("data.shards=/x/a-000.tar", "data.shards=/x/a-001.tar"),
+        (
+            1,
+            r"data.shards is given 2 times \(/x/a-000.tar, /x/a-001.tar\): did the shell expand a brace pattern\? "
+            r"Quote it",
+        ),
+    ),
+    case(
+        "train-http-404-at-start",
+        lambda w: (
+            w.server.faults.update({"/good-1.tar": ["404"]}),
+            train(
+                w,
+                "experiment=cpu_debug",
+                f"run_dir={w.tmp / 'run'}",
+                f"data.shards='{w.server.url('good-{0..1}.tar')}'",
+                "data.image_size=[8,8]",
+                "logging.wandb.mode=disabled",
+            ),
+        )[1],
+        (1, r"^eigtrain-train: data error: cannot open shard http://127.0.0.1:\d+/good-1.tar: HTTP 404"),
+    ),
+    case(
+        "too-few-samples-for-a-batch",
+        lambda w: train_small(w, w.tmp / "run", local(w, "good-{0..1}.tar"), "batch_size=64"),
+        (1, r"^eigtrain-train: data.shards .* has 12 samples, fewer than one batch per worker"),
+    ),
+    case(
+        "checkpoint-on-a-full-disk",
+        checkpoint_full_disk,
+        (1, r"eigtrain-train: cannot write a checkpoint in .*full/run \(\d+ bytes free there\)"),
+    ),
     case("all-bad-batch-in-training", all_bad_batch, OK),
-    case("pipe-in-a-saved-config", pipe_in_saved_config, (2, r"data.shards in .*config.yaml is a pipe: source, which "
-                                                             r"runs a shell command.*data.allow_pipe=true")),
+    case(
+        "pipe-in-a-saved-config",
+        pipe_in_saved_config,
+        (
+            2,
+            r"data.shards in .*config.yaml is a pipe: source, which "
+            r"runs a shell command.*data.allow_pipe=true",
+        ),
+    ),
     case("nan-loss", nan_loss, (1, r"non-finite loss or gradient, more than max_nonfinite_steps=1")),
 ]
 

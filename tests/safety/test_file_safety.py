@@ -20,8 +20,10 @@ from eigtrain.rr_job import main as rr_main
 
 def tree(root):
     """{relative path: content hash} of every file under root, plus the directories (a snapshot to compare)."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def fake_run_dir(root):
@@ -47,6 +49,7 @@ def one_line_error(capsys, *needles):
 
 
 # --------------------------------------------------------------------------------------- eigtrain-rr out=
+
 
 @pytest.mark.parametrize("overwrite", [[], ["overwrite=true"]])
 def test_rr_refuses_an_out_that_is_a_run_directory_and_leaves_it_untouched(tmp_path, capsys, overwrite):
@@ -87,6 +90,7 @@ def test_rr_refuses_an_out_that_is_a_file(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------ checkpoints
 
+
 class FileEngine:
     """The smallest engine: writes one file (the checkpointer, not the engine, is under test)."""
 
@@ -121,6 +125,7 @@ def test_a_stale_partial_save_of_eigtrain_is_still_cleaned_up(tmp_path):
 
 # ------------------------------------------------------------------------------------------- run_dir
 
+
 def test_training_refuses_a_run_dir_holding_user_files(tmp_path):
     from eigtrain.schema import ConfigError
     from eigtrain.train import compose_config, run
@@ -130,8 +135,16 @@ def test_training_refuses_a_run_dir_holding_user_files(tmp_path):
     (run_dir / "chapter1.tex").write_text("mine")
     (run_dir / "metrics.jsonl").write_text("my own metrics\n")  # a name the trainer writes (and truncates)
     before = tree(run_dir)
-    cfg = compose_config(["experiment=cpu_debug", f"run_dir={run_dir}", f"data.root={tmp_path / 'digits'}",
-                          "steps=1", "logging.wandb.mode=disabled", "logging.progress=false"])
+    cfg = compose_config(
+        [
+            "experiment=cpu_debug",
+            f"run_dir={run_dir}",
+            f"data.root={tmp_path / 'digits'}",
+            "steps=1",
+            "logging.wandb.mode=disabled",
+            "logging.progress=false",
+        ]
+    )
     with pytest.raises(ConfigError, match=r"run_dir=.*chapter1.tex.*choose a new or empty directory"):
         run(cfg)
     assert tree(run_dir) == before and not (tmp_path / "digits").exists()  # refused before any work
@@ -148,6 +161,7 @@ def test_run_dir_claim_accepts_new_empty_marked_and_earlier_run_directories(tmp_
 
 
 # ------------------------------------------------------------------------------------ eigtrain-shards out=
+
 
 def npz(tmp_path, n=10):
     np.savez(tmp_path / "a.npz", x=np.zeros((n, 4, 4), np.uint8))
@@ -192,6 +206,7 @@ def test_shard_index_refuses_to_replace_a_file_that_is_not_an_index(tmp_path, ca
 
 
 # --------------------------------------------------------------------------------- eval report, count cache
+
 
 def test_eval_report_refuses_a_directory_holding_user_files(tmp_path):
     (tmp_path / "paper.pdf").write_bytes(b"%PDF")

@@ -26,8 +26,12 @@ def trained(tmp_path_factory):
     train = write_shards(directory, "train", TRAIN_PER_CLASS, 0, TRAIN_PER_CLASS)
     val = write_shards(directory, "val", VAL_PER_CLASS, 1, 2 * VAL_PER_CLASS)
     run_dir = tmp_path_factory.mktemp("runs") / "run"
-    assert run(compose_config(train_overrides(run_dir, train, "steps=1", "checkpoint_every=1",
-                                              "data.num_workers=1")))["step"] == 1
+    assert (
+        run(compose_config(train_overrides(run_dir, train, "steps=1", "checkpoint_every=1", "data.num_workers=1")))[
+            "step"
+        ]
+        == 1
+    )
     return run_dir, train, val
 
 

@@ -20,29 +20,45 @@ from eigtrain.redact import MASK, RedactingFilter, redact_config, redact_url, re
 TOKEN = "s3cr3tT0ken42"
 
 
-@pytest.mark.parametrize("url,expected", [
-    ("https://host/in1k/train-{000000..000009}.tar?X-Amz-Signature=s3cr3tT0ken42&X-Amz-Expires=60",
-     f"https://host/in1k/train-{{000000..000009}}.tar?X-Amz-Signature={MASK}&X-Amz-Expires={MASK}"),
-    ("https://user:s3cr3tT0ken42@host:8080/a/b.tar", f"https://{MASK}@host:8080/a/b.tar"),
-    ("https://s3cr3tT0ken42@github.com/x.tar", f"https://{MASK}@github.com/x.tar"),
-    ("https://u:p@ss:s3cr3tT0ken42@host/x.tar", f"https://{MASK}@host/x.tar"),  # '@' inside the password
-    ("{https://a/x.tar?sig=s3cr3tT0ken42,https://b/y.tar?sig=s3cr3tT0ken42}",
-     f"{{https://a/x.tar?sig={MASK},https://b/y.tar?sig={MASK}}}"),
-    ("pipe:curl -s -H 'Authorization: Bearer s3cr3tT0ken42' 'https://h/x.tar?token=s3cr3tT0ken42'",
-     f"pipe:curl -s -H 'Authorization: {MASK}' 'https://h/x.tar?token={MASK}'"),
-    ("pipe:AWS_SECRET_ACCESS_KEY=s3cr3tT0ken42 aws s3 cp s3://b/x.tar -",
-     f"pipe:AWS_SECRET_ACCESS_KEY={MASK} aws s3 cp s3://b/x.tar -"),
-    ("pipe:curl -s -u me:s3cr3tT0ken42 https://h/x.tar", f"pipe:curl -s -u {MASK} https://h/x.tar"),
-    ("pipe:wget -qO- --password=s3cr3tT0ken42 https://h/x.tar", f"pipe:wget -qO- --password={MASK} https://h/x.tar"),
-    ("file:///data/x.tar?s3cr3tT0ken42", f"file:///data/x.tar?{MASK}"),
-    ("cannot open shard https://h/x.tar?sig=s3cr3tT0ken42: HTTP 403 Forbidden",
-     f"cannot open shard https://h/x.tar?sig={MASK}: HTTP 403 Forbidden"),
-    # nothing to hide: unchanged
-    ("s3://bucket/train-{0..9}.tar", "s3://bucket/train-{0..9}.tar"),
-    ("/data/shards/train-000000.tar", "/data/shards/train-000000.tar"),
-    ("pipe:aws s3 cp s3://b/x.tar -", "pipe:aws s3 cp s3://b/x.tar -"),
-    ("optim.lr=0.05", "optim.lr=0.05"),
-])
+@pytest.mark.parametrize(
+    "url,expected",
+    [
+        (
+            "https://host/in1k/train-{000000..000009}.tar?X-Amz-Signature=s3cr3tT0ken42&X-Amz-Expires=60",
+            f"https://host/in1k/train-{{000000..000009}}.tar?X-Amz-Signature={MASK}&X-Amz-Expires={MASK}",
+        ),
+        ("https://user:s3cr3tT0ken42@host:8080/a/b.tar", f"https://{MASK}@host:8080/a/b.tar"),
+        ("https://s3cr3tT0ken42@github.com/x.tar", f"https://{MASK}@github.com/x.tar"),
+        ("https://u:p@ss:s3cr3tT0ken42@host/x.tar", f"https://{MASK}@host/x.tar"),  # '@' inside the password
+        (
+            "{https://a/x.tar?sig=s3cr3tT0ken42,https://b/y.tar?sig=s3cr3tT0ken42}",
+            f"{{https://a/x.tar?sig={MASK},https://b/y.tar?sig={MASK}}}",
+        ),
+        (
+            "pipe:curl -s -H 'Authorization: Bearer s3cr3tT0ken42' 'https://h/x.tar?token=s3cr3tT0ken42'",
+            f"pipe:curl -s -H 'Authorization: {MASK}' 'https://h/x.tar?token={MASK}'",
+        ),
+        (
+            "pipe:AWS_SECRET_ACCESS_KEY=s3cr3tT0ken42 aws s3 cp s3://b/x.tar -",
+            f"pipe:AWS_SECRET_ACCESS_KEY={MASK} aws s3 cp s3://b/x.tar -",
+        ),
+        ("pipe:curl -s -u me:s3cr3tT0ken42 https://h/x.tar", f"pipe:curl -s -u {MASK} https://h/x.tar"),
+        (
+            "pipe:wget -qO- --password=s3cr3tT0ken42 https://h/x.tar",
+            f"pipe:wget -qO- --password={MASK} https://h/x.tar",
+        ),
+        ("file:///data/x.tar?s3cr3tT0ken42", f"file:///data/x.tar?{MASK}"),
+        (
+            "cannot open shard https://h/x.tar?sig=s3cr3tT0ken42: HTTP 403 Forbidden",
+            f"cannot open shard https://h/x.tar?sig={MASK}: HTTP 403 Forbidden",
+        ),
+        # nothing to hide: unchanged
+        ("s3://bucket/train-{0..9}.tar", "s3://bucket/train-{0..9}.tar"),
+        ("/data/shards/train-000000.tar", "/data/shards/train-000000.tar"),
+        ("pipe:aws s3 cp s3://b/x.tar -", "pipe:aws s3 cp s3://b/x.tar -"),
+        ("optim.lr=0.05", "optim.lr=0.05"),
+    ],
+)
 def test_redact_url_keeps_scheme_host_and_path_and_drops_credentials(url, expected):
     assert redact_url(url) == expected
     assert TOKEN not in redact_url(url)
@@ -51,8 +67,13 @@ def test_redact_url_keeps_scheme_host_and_path_and_drops_credentials(url, expect
 def test_redact_config_redacts_every_string_and_leaves_the_live_config_alone():
     from omegaconf import OmegaConf
 
-    live = OmegaConf.create({"data": {"shards": [f"https://h/a.tar?sig={TOKEN}", f"https://u:{TOKEN}@h/b.tar"],
-                                      "root": None}, "steps": 3, "name": "run"})
+    live = OmegaConf.create(
+        {
+            "data": {"shards": [f"https://h/a.tar?sig={TOKEN}", f"https://u:{TOKEN}@h/b.tar"], "root": None},
+            "steps": 3,
+            "name": "run",
+        }
+    )
     saved = redact_config(live)
     assert TOKEN not in json.dumps(saved) and saved["steps"] == 3 and saved["name"] == "run"
     assert saved["data"]["shards"] == [f"https://h/a.tar?sig={MASK}", f"https://{MASK}@h/b.tar"]
@@ -63,20 +84,24 @@ def test_shard_errors_and_log_lines_carry_no_credential(tmp_path):
     with pytest.raises(ShardError) as error:
         shard_counts([f"http://127.0.0.1:9/x.tar?sig={TOKEN}"], cache_dir=tmp_path, timeout_s=2)
     assert TOKEN not in str(error.value) and "127.0.0.1:9/x.tar" in str(error.value)
-    record = logging.LogRecord("eigtrain", logging.WARNING, __file__, 1, "skipping shard %s", (f"https://h/x?t={TOKEN}",),
-                               None)
+    record = logging.LogRecord(
+        "eigtrain", logging.WARNING, __file__, 1, "skipping shard %s", (f"https://h/x?t={TOKEN}",), None
+    )
     assert RedactingFilter().filter(record) and TOKEN not in record.getMessage()
 
 
 def test_multirun_yaml_is_rewritten_without_credentials_and_keeps_interpolations(tmp_path):
     path = tmp_path / "multirun.yaml"
-    path.write_text(f"run_dir: runs/${{name}}\nhydra:\n  overrides:\n    task:\n    - data.shards='https://h/x.tar?sig={TOKEN}'\n")
+    path.write_text(
+        f"run_dir: runs/${{name}}\nhydra:\n  overrides:\n    task:\n    - data.shards='https://h/x.tar?sig={TOKEN}'\n"
+    )
     redact_yaml_file(path)
     text = path.read_text()
     assert TOKEN not in text and "${name}" in text and f"sig={MASK}" in text
 
 
 # ------------------------------------------------------------------------------------- a whole run
+
 
 def files_holding(root, needle: str) -> list[str]:
     """Files under root whose bytes or whose path contain needle."""
@@ -94,7 +119,9 @@ def signed_shards(tmp_path):
     from tests.support.foreign_shards import PATTERN, QuietHandler, write_class_ordered
 
     directory = write_class_ordered(tmp_path / "store")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(directory)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(directory))
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/{PATTERN}?X-Amz-Credential=AKIA{TOKEN}&X-Amz-Signature={TOKEN}"
     server.shutdown()
@@ -103,17 +130,24 @@ def signed_shards(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_over_signed_urls_persists_the_token_nowhere(signed_shards, tmp_path, capsys):
-    from tests.support.foreign_shards import train_overrides
-
     from eigtrain.rr_job import main as rr_main
+    from tests.support.foreign_shards import train_overrides
 
     sweep = tmp_path / "sweep"
     mine = ["steps=2", "checkpoint_every=1", "logging.wandb.mode=offline"]
-    overrides = [o for o in train_overrides(sweep, signed_shards) if o.split("=")[0] not in {m.split("=")[0] for m in mine}]
+    overrides = [
+        o for o in train_overrides(sweep, signed_shards) if o.split("=")[0] not in {m.split("=")[0] for m in mine}
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
     env.update(WANDB_MODE="offline", WANDB_SILENT="true")
-    out = subprocess.run([sys.executable, "-m", "eigtrain.train", "-m", *overrides, *mine],
-                         capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "eigtrain.train", "-m", *overrides, *mine],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     (point,) = [p for p in sweep.iterdir() if p.is_dir()]
     assert (point / "wandb").is_dir() and list((point / "data").glob("shard-counts-*.json"))  # all were written
@@ -154,8 +188,9 @@ def corrupt_signed_shards(tmp_path):
         with wds.TarWriter(str(tmp_path / "store" / f"bad-{shard:06d}.tar")) as sink:
             for i in range(40):
                 sink.write({"__key__": f"s{shard}-{i}", "jpg": b"not a jpeg", "cls": 0})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler,
-                                                                                directory=str(tmp_path / "store")))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(tmp_path / "store"))
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/bad-{{000000..000001}}.tar?X-Amz-Signature={TOKEN}"
     server.shutdown()
@@ -163,10 +198,25 @@ def corrupt_signed_shards(tmp_path):
 
 
 def test_a_one_line_error_of_eigtrain_train_carries_no_credential(corrupt_signed_shards, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "eigtrain.train", "experiment=cpu_debug", f"run_dir={tmp_path / 'r'}",
-                          f"data.shards='{corrupt_signed_shards}'", "data.image_size=[8,8]", "data.max_corrupt=0",
-                          "data.num_workers=0", "batch_size=16", "logging.wandb.mode=disabled"],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eigtrain.train",
+            "experiment=cpu_debug",
+            f"run_dir={tmp_path / 'r'}",
+            f"data.shards='{corrupt_signed_shards}'",
+            "data.image_size=[8,8]",
+            "data.max_corrupt=0",
+            "data.num_workers=0",
+            "batch_size=16",
+            "logging.wandb.mode=disabled",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert out.returncode != 0 and "bad-00000" in out.stderr, out.stderr[-2000:]
     assert TOKEN not in out.stdout + out.stderr
 
@@ -174,7 +224,18 @@ def test_a_one_line_error_of_eigtrain_train_carries_no_credential(corrupt_signed
 def test_eigtrain_rr_errors_carry_no_credential(corrupt_signed_shards, tmp_path, capsys):
     from eigtrain.rr_job import main as rr_main
 
-    assert rr_main(["encoder=timm:resnet18", f"data.shards={corrupt_signed_shards}", "data.image_size=16",
-                    "num_workers=0", "batch_size=16", f"out={tmp_path / 'rr'}"]) == 2
+    assert (
+        rr_main(
+            [
+                "encoder=timm:resnet18",
+                f"data.shards={corrupt_signed_shards}",
+                "data.image_size=16",
+                "num_workers=0",
+                "batch_size=16",
+                f"out={tmp_path / 'rr'}",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "bad-00000" in err and TOKEN not in err, err

@@ -38,10 +38,24 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 def train_overrides(run_dir, shards, *extra):
-    return ["experiment=cpu_debug", f"run_dir={run_dir}", f"data.shards='{shards}'", "data.image_size=[16,16]",
-            "data.image_fit=whole", "data.label_key=cls", "data.augment=cifar", "data.num_workers=2",
-            "data.shuffle_block=10", "batch_size=16", "steps=6", "checkpoint_every=3", "log_every=1",
-            "logging.wandb.mode=disabled", "logging.progress=false", *extra]
+    return [
+        "experiment=cpu_debug",
+        f"run_dir={run_dir}",
+        f"data.shards='{shards}'",
+        "data.image_size=[16,16]",
+        "data.image_fit=whole",
+        "data.label_key=cls",
+        "data.augment=cifar",
+        "data.num_workers=2",
+        "data.shuffle_block=10",
+        "batch_size=16",
+        "steps=6",
+        "checkpoint_every=3",
+        "log_every=1",
+        "logging.wandb.mode=disabled",
+        "logging.progress=false",
+        *extra,
+    ]
 
 
 def write_shard(path: Path, samples: list[dict]) -> Path:

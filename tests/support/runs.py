@@ -18,8 +18,18 @@ KILL_WRAPPER = str(Path(__file__).with_name("kill_wrapper.py"))
 
 
 def overrides(run_dir, digits_root, *extra):
-    return ["experiment=cpu_debug", f"run_dir={run_dir}", f"data.root={digits_root}", "logging.wandb.mode=disabled",
-            "logging.progress=false", "steps=6", "log_every=1", "checkpoint_every=2", "keep_last=10", *extra]
+    return [
+        "experiment=cpu_debug",
+        f"run_dir={run_dir}",
+        f"data.root={digits_root}",
+        "logging.wandb.mode=disabled",
+        "logging.progress=false",
+        "steps=6",
+        "log_every=1",
+        "checkpoint_every=2",
+        "keep_last=10",
+        *extra,
+    ]
 
 
 def clean_env(**extra):
@@ -30,8 +40,9 @@ def clean_env(**extra):
 
 
 def run_cli(args, tmp_path, timeout=300):
-    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=clean_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *args], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def losses(run_dir):
@@ -50,8 +61,17 @@ def torchrun(tmp_path, target, *args, timeout=300):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                "--master_port", str(port), *target]
+    launcher = [
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port),
+        *target,
+    ]
     return run_cli([*launcher, *args], tmp_path, timeout=timeout)
 
 

@@ -49,8 +49,9 @@ def _alive(pid: int) -> bool:
 def _is_up(conf: Path) -> bool:
     if not conf.exists() or shutil.which("scontrol") is None:
         return False
-    ping = subprocess.run(["scontrol", "ping"], env={**os.environ, "SLURM_CONF": str(conf)},
-                          capture_output=True, text=True)
+    ping = subprocess.run(
+        ["scontrol", "ping"], env={**os.environ, "SLURM_CONF": str(conf)}, capture_output=True, text=True
+    )
     return "is UP" in ping.stdout
 
 
@@ -65,8 +66,12 @@ def slurm_cluster():
             (CLUSTER_DIR / "fixture.started").write_text("0" if _is_up(conf) else "1")
         # OMP_NUM_THREADS=1 as many users' shells have it: the node must still declare every CPU (GNU nproc
         # answers OMP_NUM_THREADS, and a node of 1 CPU never starts a 2-task job)
-        run = subprocess.run(["bash", str(SCRIPT), "start", str(CLUSTER_DIR)], capture_output=True, text=True,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        run = subprocess.run(
+            ["bash", str(SCRIPT), "start", str(CLUSTER_DIR)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
         if run.returncode != 0:
             _users(remove=os.getpid())
             pytest.fail(f"tools/slurm_local.sh start failed ({run.returncode}):\n{run.stderr[-4000:]}")

@@ -125,11 +125,23 @@ def test_cli_writes_json_grid_and_table(tmp_path):
     small = ["steps=4", "batch_size=100", "width=8", "depth=1", "eval_samples=2000", "log_every=10"]
     for recipe in ("paper", "eigtrain"):
         extra = ["train_samples=200"] if recipe == "paper" else ["rr_samples=2000"]
-        args = ["grid", f"recipe={recipe}", "kernels=legendre", "ranks=6", "seeds=0,1", f"dir={tmp_path / recipe}", *small, *extra]
+        args = [
+            "grid",
+            f"recipe={recipe}",
+            "kernels=legendre",
+            "ranks=6",
+            "seeds=0,1",
+            f"dir={tmp_path / recipe}",
+            *small,
+            *extra,
+        ]
         assert main(args) == 0
     cell = json.loads((tmp_path / "paper" / "legendre_r6.json").read_text())
     assert cell["config"]["jn_readoff"] == "paper" and cell["config"]["rr_mode"] == "paper"
-    assert cell["methods"]["lora-jn"]["extraction"] == "ordered_paper" and cell["methods"]["rq-rr"]["extraction"] == "rr_paper"
+    assert (
+        cell["methods"]["lora-jn"]["extraction"] == "ordered_paper"
+        and cell["methods"]["rq-rr"]["extraction"] == "rr_paper"
+    )
     assert cell["methods"]["vicreg-rr"]["objective"] == "vicreg_paper"
     assert cell["methods"]["lora-rr"]["rr_pairs"] == [200, 200]  # the whole (reused) training pool
     assert len(cell["methods"]["rq-jn"]["ef_mse"]) == 2
@@ -138,9 +150,25 @@ def test_cli_writes_json_grid_and_table(tmp_path):
     text = table.read_text()
     assert "LoRA-JN" in text and "0.068 ± 0.015" in text  # the paper's Legendre r=6 LoRA-JN
     assert "paper recipe" in text and "eigtrain recipe" in text and "of 6**" in text
-    assert main(["table", "ranks=6", "kernels=legendre", f"dir={tmp_path}", f"out={table}", "recipes=paper,never_run"]) == 0
+    assert (
+        main(["table", "ranks=6", "kernels=legendre", f"dir={tmp_path}", f"out={table}", "recipes=paper,never_run"])
+        == 0
+    )
     assert "never_run recipe" not in table.read_text()  # a recipe without this cell gets no row of dashes
-    assert main(["table", "ranks=6", "kernels=legendre", f"dir={tmp_path}", f"out={table}", "recipes=paper", "union=eigtrain"]) == 0
+    assert (
+        main(
+            [
+                "table",
+                "ranks=6",
+                "kernels=legendre",
+                f"dir={tmp_path}",
+                f"out={table}",
+                "recipes=paper",
+                "union=eigtrain",
+            ]
+        )
+        == 0
+    )
     union, values = table.read_text().split("with any of eigtrain: **")[1].split("The same budgets' values")
     assert union.startswith(("0 of 6**", "1 of 6**")) and union.count("| no") + union.count("| yes (eigtrain)") == 6
     rows = [line for line in values.splitlines() if line.startswith("| Legendre r=6 `eigtrain` |")]
@@ -150,10 +178,26 @@ def test_cli_writes_json_grid_and_table(tmp_path):
 
 def test_presets_are_the_recipes():
     paper = parse_run_args(["preset=paper"]).validate()
-    assert (paper.constant_mode, paper.schedule, paper.lr, paper.fourier_features) == ("learned", "constant", 1e-3, "paper")
-    assert (paper.train_samples, paper.extraction_pairs, paper.rr_mode, paper.jn_readoff) == (10_000_000, "train", "paper", "paper")
+    assert (paper.constant_mode, paper.schedule, paper.lr, paper.fourier_features) == (
+        "learned",
+        "constant",
+        1e-3,
+        "paper",
+    )
+    assert (paper.train_samples, paper.extraction_pairs, paper.rr_mode, paper.jn_readoff) == (
+        10_000_000,
+        "train",
+        "paper",
+        "paper",
+    )
     ours = parse_run_args(["preset=eigtrain"]).validate()
-    assert (ours.constant_mode, ours.schedule, ours.rr_mode, ours.jn_readoff, ours.steps) == ("learned", "cosine", "generalized", "gs", 30_000)
+    assert (ours.constant_mode, ours.schedule, ours.rr_mode, ours.jn_readoff, ours.steps) == (
+        "learned",
+        "cosine",
+        "generalized",
+        "gs",
+        30_000,
+    )
     assert (ours.adam_beta2, ours.lr, paper.adam_beta2) == (0.99, 3e-3, 0.999)
     with pytest.raises(ValueError, match="extraction_pairs=train needs a training pool"):
         parse_run_args(["extraction_pairs=train"]).validate()
@@ -195,7 +239,11 @@ def test_vicreg_is_compared_with_the_centered_kernels_eigenpairs():
     for shift in (torch.zeros(d), torch.tensor([3.0, -2.0, 0.5, 7.0])):
         encoder = _ExactFeatures(kernel, 1, d, scale, shift)
         acc = accumulate_pairs(encoder, kernel, 200_000, torch.Generator().manual_seed(0), RRAccumulator(d))
-        outs.append(evaluate(encoder, kernel, extract_all(acc, "vicreg_paper"), 50_000, torch.Generator().manual_seed(1), first=1))
+        outs.append(
+            evaluate(
+                encoder, kernel, extract_all(acc, "vicreg_paper"), 50_000, torch.Generator().manual_seed(1), first=1
+            )
+        )
     plain, shifted = outs
     for name in ("ordered_paper", "ordered", "ordered_gs", "rr_generalized", "rr_paper"):
         for metric in ("ef_mse", "ev_rae"):
@@ -222,8 +270,20 @@ def test_vicreg_is_compared_with_the_centered_kernels_eigenpairs():
 def test_grid_fills_a_cell_a_few_methods_at_a_time(tmp_path):
     """A cell file gains methods run later with the same config and seeds (stored ones are not retrained);
     a superseded VICReg record is retrained; another config retrains the whole cell."""
-    small = ["recipe=eigtrain", "kernels=legendre", "ranks=6", "seeds=0", f"dir={tmp_path}", "steps=4", "batch_size=100",
-             "width=8", "depth=1", "rr_samples=2000", "eval_samples=2000", "log_every=2"]
+    small = [
+        "recipe=eigtrain",
+        "kernels=legendre",
+        "ranks=6",
+        "seeds=0",
+        f"dir={tmp_path}",
+        "steps=4",
+        "batch_size=100",
+        "width=8",
+        "depth=1",
+        "rr_samples=2000",
+        "eval_samples=2000",
+        "log_every=2",
+    ]
     path = tmp_path / "legendre_r6.json"
     assert main(["grid", "methods=lora-jn", *small]) == 0
     first = json.loads(path.read_text())
@@ -234,7 +294,9 @@ def test_grid_fills_a_cell_a_few_methods_at_a_time(tmp_path):
     vicreg = cell["methods"]["vicreg-rr"]
     lam = build_kernel("legendre", 6).eigenvalues
     assert vicreg["target_first"] == 1 and vicreg["eigenvalues_true"] == pytest.approx(lam[1:4].tolist(), abs=1e-5)
-    assert main(["grid", "methods=vicreg-jn", *small, f"dir={tmp_path / 'vicreg_only'}"]) == 0  # the cell's truth stays psi_1..psi_d
+    assert (
+        main(["grid", "methods=vicreg-jn", *small, f"dir={tmp_path / 'vicreg_only'}"]) == 0
+    )  # the cell's truth stays psi_1..psi_d
     only = json.loads((tmp_path / "vicreg_only" / "legendre_r6.json").read_text())
     assert only["eigenvalues_true"] == pytest.approx(lam[:3].tolist(), abs=1e-5) and only["curve_true"][0][0] == 1.0
     # a VICReg result stored without its target (compared with psi_1..psi_d) is superseded: retrained

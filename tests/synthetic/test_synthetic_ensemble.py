@@ -12,14 +12,32 @@ from eigtrain.synthetic.train import train, train_single
 
 
 def _cfgs(kernel="legendre", **extra):
-    base = parse_run_args(["rank=6", "width=16", "depth=2", "batch_size=64", "steps=15", "lr=3e-3",
-                           "constant_mode=learned", "log_every=15", f"kernel={kernel}"])
+    base = parse_run_args(
+        [
+            "rank=6",
+            "width=16",
+            "depth=2",
+            "batch_size=64",
+            "steps=15",
+            "lr=3e-3",
+            "constant_mode=learned",
+            "log_every=15",
+            f"kernel={kernel}",
+        ]
+    )
     base = dataclasses.replace(base, **extra)
     members = [("scl", "joint", 0), ("rq", "rr", 1), ("vicreg_paper", "joint", 2), ("scl", "rr", 1)]
     return [dataclasses.replace(base, objective=o, extraction=e, seed=s) for o, e, s in members]
 
 
-@pytest.mark.parametrize("kernel, extra", [("legendre", {}), ("legendre", {"adam_beta1": 0.8, "adam_beta2": 0.95}), ("fourier", {"train_samples": 640, "schedule": "constant"})])
+@pytest.mark.parametrize(
+    "kernel, extra",
+    [
+        ("legendre", {}),
+        ("legendre", {"adam_beta1": 0.8, "adam_beta2": 0.95}),
+        ("fourier", {"train_samples": 640, "schedule": "constant"}),
+    ],
+)
 def test_ensemble_member_equals_single_run(kernel, extra):
     cfgs = _cfgs(kernel, **extra)
     kernel = build_kernel(cfgs[0].kernel, cfgs[0].rank)
@@ -46,7 +64,9 @@ def test_run_ensemble_equals_separate_runs_and_paper_extraction_on_training_pair
         alone = run(cfg)
         assert result["ef_mse"] == pytest.approx(alone["ef_mse"], rel=1e-3, abs=1e-6)
         assert result["ev_rae"] == pytest.approx(alone["ev_rae"], rel=1e-3, abs=1e-6)
-    paper = dataclasses.replace(cfgs[0], preset="paper", train_samples=640, extraction_pairs="train", jn_readoff="paper", rr_mode="paper")
+    paper = dataclasses.replace(
+        cfgs[0], preset="paper", train_samples=640, extraction_pairs="train", jn_readoff="paper", rr_mode="paper"
+    )
     result = run(paper)
     # 15 steps of 64 on a pool of 640: the pool is reused after 10 steps, and extraction sees all of it
     assert result["rr_pairs"] == 640 and result["extraction"] == "ordered_paper"

@@ -28,18 +28,39 @@ from eigtrain.data.write import main as write_shards_cli
 from eigtrain.evaluate import main as eval_main
 from eigtrain.metrics_log import read_metrics
 from eigtrain.rr_job import main as rr_main
-from tests.support.foreign_shards import (LABELLED_CLASSES, N_TRAIN, N_VAL, TRAIN_PER_CLASS, VAL_PER_CLASS, QuietHandler,
-                                          write_shards)
+from tests.support.foreign_shards import (
+    LABELLED_CLASSES,
+    N_TRAIN,
+    N_VAL,
+    TRAIN_PER_CLASS,
+    VAL_PER_CLASS,
+    QuietHandler,
+    write_shards,
+)
 from tests.support.runs import clean_env
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 SOURCES = ["root", "pairs", "shards", "http"]  # trained on; the user-model cells take all but pairs
 IMAGE_SOURCES = ["root", "shards", "http"]
 EVAL = ["probe=closed_form", "random_draws=2", "retrieval=torch", "retrieval_draws=1", "pca=false"]
-COMMON = ["experiment=cpu_debug", "steps=2", "checkpoint_every=2", "log_every=1", "monitor.every=2",
-          "logging.wandb.mode=disabled", "logging.progress=false", "data.num_workers=1"]
-FOREIGN = ["data.image_size=[16,16]", "data.image_fit=whole", "data.label_key=cls", "data.augment=cifar",
-           "data.shuffle_block=10", "batch_size=16"]
+COMMON = [
+    "experiment=cpu_debug",
+    "steps=2",
+    "checkpoint_every=2",
+    "log_every=1",
+    "monitor.every=2",
+    "logging.wandb.mode=disabled",
+    "logging.progress=false",
+    "data.num_workers=1",
+]
+FOREIGN = [
+    "data.image_size=[16,16]",
+    "data.image_fit=whole",
+    "data.label_key=cls",
+    "data.augment=cifar",
+    "data.shuffle_block=10",
+    "batch_size=16",
+]
 USER_MODEL = "module:tests.system.test_seams:make_encoder"
 
 
@@ -60,8 +81,15 @@ def write_pairs(directory: Path) -> Path:
     rng = np.random.default_rng(0)
     a = (np.eye(10)[labels] + 0.5 * rng.normal(size=(len(labels), 10))).astype(np.float32)
     np.savez(directory / "pairs.npz", x=(images * 16).clip(0, 255).astype(np.uint8).reshape(-1, 8, 8), a=a, y=labels)
-    write_shards_cli(["source=npz", f"path={directory / 'pairs.npz'}", f"out={directory / 'shards'}",
-                      "shard_size=400", "val_fraction=0.2"])
+    write_shards_cli(
+        [
+            "source=npz",
+            f"path={directory / 'pairs.npz'}",
+            f"out={directory / 'shards'}",
+            "shard_size=400",
+            "val_fraction=0.2",
+        ]
+    )
     return directory / "shards"
 
 
@@ -83,9 +111,12 @@ def data(tmp_path_factory):
     base = f"http://127.0.0.1:{server.server_address[1]}"
     train_urls = [f"{base}/train-{i:06d}.tar" for i in range(LABELLED_CLASSES)]
     foreign_counts = {"train": N_TRAIN, "val": N_VAL}
-    yield {"root": (str(root), index_counts(root)), "pairs": (str(pairs), index_counts(pairs)),
-           "shards": (train, val_list, foreign_counts),
-           "http": (train_urls, f"{base}/{Path(val).name}", foreign_counts)}
+    yield {
+        "root": (str(root), index_counts(root)),
+        "pairs": (str(pairs), index_counts(pairs)),
+        "shards": (train, val_list, foreign_counts),
+        "http": (train_urls, f"{base}/{Path(val).name}", foreign_counts),
+    }
     server.shutdown()
     server.server_close()
 
@@ -99,8 +130,12 @@ def source_overrides(data, source) -> list[str]:
     if source == "root":
         return [f"data.root={data['root'][0]}"]
     if source == "pairs":  # two encoders: the image one, an MLP for the vectors
-        return ["data=pairs", f"data.root={data['pairs'][0]}", "objective=lora",
-                "+model.context={backbone: mlp, projector_layers: 0, projector_batch_norm: false}"]
+        return [
+            "data=pairs",
+            f"data.root={data['pairs'][0]}",
+            "objective=lora",
+            "+model.context={backbone: mlp, projector_layers: 0, projector_batch_norm: false}",
+        ]
     train, val, _ = data[source]
     return [f"data.shards={listed(train)}", f"data.val_shards={listed(val)}", *FOREIGN]
 
@@ -179,8 +214,12 @@ def test_rr_run_dir_split_train(runs, exports, data, source):
 @pytest.mark.parametrize("source", SOURCES)
 def test_rr_run_dir_split_val(runs, data, source, tmp_path):
     out = tmp_path / "rr"
-    assert rr_main([f"run_dir={runs[source]}", *rr_mode(source), "split=val", f"out={out}", "num_workers=1",
-                    "batch_size=64"]) == 0
+    assert (
+        rr_main(
+            [f"run_dir={runs[source]}", *rr_mode(source), "split=val", f"out={out}", "num_workers=1", "batch_size=64"]
+        )
+        == 0
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["n"] == counts(data, source)["val"] and manifest["source"]["split"] == "val"
     assert manifest["source"]["data"] == split_source(data, source, "val")
@@ -230,8 +269,12 @@ def encoder_data_args(data, source) -> list[str]:
     if source == "root":
         return [f"data.root={data['root'][0]}", "data.augment=digits"]
     train, val, _ = data[source]
-    return [f"data.shards={listed(train)}", f"data.val_shards={listed(val)}", "data.image_size=16",
-            "data.augment=cifar"]
+    return [
+        f"data.shards={listed(train)}",
+        f"data.val_shards={listed(val)}",
+        "data.image_size=16",
+        "data.augment=cifar",
+    ]
 
 
 @pytest.mark.parametrize("split", ["train", "val"])
@@ -239,16 +282,34 @@ def encoder_data_args(data, source) -> list[str]:
 def test_rr_user_model_over_every_source(data, source, split, tmp_path):
     out = tmp_path / "rr"
     channels = ["encoder.kwargs.channels=1"] if source == "root" else []
-    assert rr_main([f"encoder={USER_MODEL}", *channels, *encoder_data_args(data, source), f"split={split}",
-                    f"out={out}", "num_workers=1", "batch_size=32"]) == 0
+    assert (
+        rr_main(
+            [
+                f"encoder={USER_MODEL}",
+                *channels,
+                *encoder_data_args(data, source),
+                f"split={split}",
+                f"out={out}",
+                "num_workers=1",
+                "batch_size=32",
+            ]
+        )
+        == 0
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["n"] == counts(data, source)[split] and manifest["source"]["encoder"] == USER_MODEL
 
 
 def test_rr_timm_model_over_http_shards(data, tmp_path):
     out = tmp_path / "rr"
-    vit = ["encoder=timm:test_vit", "encoder.kwargs.img_size=16", "encoder.kwargs.patch_size=4",
-           "encoder.kwargs.global_pool=avg", "encoder.kwargs.final_norm=false", "encoder.kwargs.fc_norm=false"]
+    vit = [
+        "encoder=timm:test_vit",
+        "encoder.kwargs.img_size=16",
+        "encoder.kwargs.patch_size=4",
+        "encoder.kwargs.global_pool=avg",
+        "encoder.kwargs.final_norm=false",
+        "encoder.kwargs.fc_norm=false",
+    ]
     assert rr_main([*vit, *encoder_data_args(data, "http"), "split=val", f"out={out}", "num_workers=0"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["n"] == N_VAL and manifest["source"]["encoder"] == "timm:test_vit"
@@ -284,8 +345,12 @@ def test_deepspeed_single_process_run_is_ordered_and_evaluated(data, tmp_path):
     from eigtrain.train import compose_config, run
 
     run_dir = tmp_path / "ds"
-    assert run(compose_config([*COMMON, f"run_dir={run_dir}", "engine=deepspeed",
-                               *source_overrides(data, "shards")]))["step"] == 2
+    assert (
+        run(compose_config([*COMMON, f"run_dir={run_dir}", "engine=deepspeed", *source_overrides(data, "shards")]))[
+            "step"
+        ]
+        == 2
+    )
     assert rr_main([f"run_dir={run_dir}", "num_workers=1", "batch_size=64"]) == 0
     assert json.loads((run_dir / "rr" / "manifest.json").read_text())["n"] == N_TRAIN
     exports_both_conventions(run_dir / "rr")
@@ -297,14 +362,33 @@ def test_deepspeed_single_process_run_is_ordered_and_evaluated(data, tmp_path):
 def test_two_rank_training_over_http_then_two_rank_rr(data, tmp_path):
     run_dir = tmp_path / "two"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    train = subprocess.run([*torchrun, "-m", "eigtrain.train", *COMMON, f"run_dir={run_dir}",
-                            *source_overrides(data, "http")], env=clean_env(), capture_output=True, text=True,
-                           timeout=300, cwd=tmp_path)
+    train = subprocess.run(
+        [*torchrun, "-m", "eigtrain.train", *COMMON, f"run_dir={run_dir}", *source_overrides(data, "http")],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert train.returncode == 0, train.stderr[-3000:]
     assert any(k.startswith("knn/") for r in read_metrics(run_dir) for k in r)
-    rr = subprocess.run([*torchrun, "-m", "eigtrain.rr_job", f"run_dir={run_dir}", "split=val", "num_workers=1",
-                         f"out={tmp_path / 'rr'}", "batch_size=8"], env=clean_env(), capture_output=True, text=True,
-                        timeout=300, cwd=tmp_path)
+    rr = subprocess.run(
+        [
+            *torchrun,
+            "-m",
+            "eigtrain.rr_job",
+            f"run_dir={run_dir}",
+            "split=val",
+            "num_workers=1",
+            f"out={tmp_path / 'rr'}",
+            "batch_size=8",
+        ],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert rr.returncode == 0, rr.stderr[-3000:]
     assert json.loads((tmp_path / "rr" / "manifest.json").read_text())["n"] == N_VAL
     assert os.path.exists(run_dir / "model.safetensors")
@@ -327,9 +411,23 @@ def test_a_sweep_point_is_named_alike_however_its_shards_are_quoted():
 def test_a_sweep_over_quoted_shards_then_rr_and_eval_of_a_point(data, tmp_path):
     train, val, _ = data["shards"]
     sweep = tmp_path / "sweep"
-    out = subprocess.run([sys.executable, "-m", "eigtrain.train", "-m", *COMMON, f"run_dir={sweep}", "seed=0,1",
-                          *source_overrides(data, "shards")], env=clean_env(), capture_output=True, text=True,
-                         timeout=300, cwd=tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eigtrain.train",
+            "-m",
+            *COMMON,
+            f"run_dir={sweep}",
+            "seed=0,1",
+            *source_overrides(data, "shards"),
+        ],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     points = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert len(points) == 2 and all("'" not in p.name and (p / "model.safetensors").exists() for p in points)
@@ -362,8 +460,10 @@ def test_val_shards_on_the_command_line_of_a_data_root_run_are_refused(runs, dat
     _, val, _ = data["shards"]
     capsys.readouterr()
     assert eval_main([f"run_dir={runs['root']}", f"data.val_shards={listed(val)}", f"out={tmp_path / 'e'}", *EVAL]) == 2
-    assert rr_main([f"run_dir={runs['root']}", f"data.val_shards={listed(val)}", "split=val",
-                    f"out={tmp_path / 'r'}"]) == 2
+    assert (
+        rr_main([f"run_dir={runs['root']}", f"data.val_shards={listed(val)}", "split=val", f"out={tmp_path / 'r'}"])
+        == 2
+    )
     lines = capsys.readouterr().err.strip().splitlines()  # both scored data.root's split val, ignoring them
     assert len(lines) == 2 and all("data.val_shards goes with data.shards" in line for line in lines), lines
     assert not (tmp_path / "e").exists() and not (tmp_path / "r").exists()
@@ -371,8 +471,18 @@ def test_val_shards_on_the_command_line_of_a_data_root_run_are_refused(runs, dat
 
 def test_eval_with_another_models_rr_export_names_both_widths(runs, data, tmp_path, capsys):
     other = tmp_path / "rr12"  # the user model's 12-dimensional export, not this 16-dimensional run's
-    assert rr_main([f"encoder={USER_MODEL}", "encoder.kwargs.channels=1", *encoder_data_args(data, "root"),
-                    f"out={other}", "num_workers=0"]) == 0
+    assert (
+        rr_main(
+            [
+                f"encoder={USER_MODEL}",
+                "encoder.kwargs.channels=1",
+                *encoder_data_args(data, "root"),
+                f"out={other}",
+                "num_workers=0",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert eval_main([f"run_dir={runs['root']}", f"rr={other}", f"out={tmp_path / 'e'}", *EVAL]) == 2
     err = capsys.readouterr().err.strip()

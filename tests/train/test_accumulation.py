@@ -42,7 +42,10 @@ class Encoders(torch.nn.Module):
     def __init__(self, pairs: bool):
         super().__init__()
         torch.manual_seed(0)
-        make = lambda: torch.nn.Sequential(torch.nn.Linear(IN_DIM, 8), torch.nn.GELU(), torch.nn.Linear(8, DIM))
+
+        def make():
+            return torch.nn.Sequential(torch.nn.Linear(IN_DIM, 8), torch.nn.GELU(), torch.nn.Linear(8, DIM))
+
         self.phi = make()
         self.psi = make() if pairs else None
 
@@ -121,7 +124,9 @@ def test_objective_per_micro_batch_would_not_be_exact():
     x, a = data(0)
     micro = list(zip(chunks(x, ACCUM), chunks(a, ACCUM)))
     whole = _grads(objective, module, [(x, a)], lambda m, mbs: fn(m, mbs[0])[0].backward())
-    exact = _grads(objective, module, micro, lambda m, mbs: accumulated_backward(m, m, mbs, fn, lambda t, i: t.backward()))
+    exact = _grads(
+        objective, module, micro, lambda m, mbs: accumulated_backward(m, m, mbs, fn, lambda t, i: t.backward())
+    )
     naive = _grads(objective, module, micro, lambda m, mbs: [(fn(m, mb)[0] / ACCUM).backward() for mb in mbs])
     for e, w in zip(exact, whole):
         torch.testing.assert_close(e, w, rtol=1e-10, atol=1e-12)
@@ -132,7 +137,9 @@ def test_batchnorm_statistics_move_once_per_micro_batch():
     """The graph-free first pass leaves BatchNorm's running statistics as they were: after the step they equal
     those of one train-mode forward per micro-batch (so resuming and accumulation-free runs stay exact)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(IN_DIM, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, DIM))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(IN_DIM, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, DIM)
+    )
     reference = copy.deepcopy(model)
     engine = DDPEngine(model, SGD, device=torch.device("cpu"), precision="fp32")
     x, a = (t.float() for t in data(0))
@@ -152,8 +159,9 @@ class DropoutEncoders(torch.nn.Module):
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.phi = torch.nn.Sequential(torch.nn.Linear(IN_DIM, 8), torch.nn.GELU(), torch.nn.Dropout(0.3),
-                                       torch.nn.Linear(8, DIM))
+        self.phi = torch.nn.Sequential(
+            torch.nn.Linear(IN_DIM, 8), torch.nn.GELU(), torch.nn.Dropout(0.3), torch.nn.Linear(8, DIM)
+        )
         self.psi = torch.nn.Sequential(torch.nn.Linear(IN_DIM, 8), torch.nn.GELU(), torch.nn.Linear(8, DIM))
 
     def forward(self, x, a):
@@ -196,6 +204,7 @@ def test_graph_forward_recomputes_the_graph_free_embeddings_under_dropout():
 def test_batchnorm_accumulation_is_not_exact_and_is_named():
     """Train-mode BatchNorm normalizes each micro-batch by its own statistics: accumulation 1 and 4 give different
     losses for the same weights and batch; without BatchNorm they are equal."""
+
     def step_loss(model, accum):
         engine = DDPEngine(copy.deepcopy(model), SGD, device=torch.device("cpu"), precision="fp32")
         x, a = data(0)
@@ -203,8 +212,9 @@ def test_batchnorm_accumulation_is_not_exact_and_is_named():
         return engine.train_step(micro, loss_fn(build_objective("scl", DIM, distributed=False)), lr=0.0).loss
 
     torch.manual_seed(0)
-    with_bn = torch.nn.Sequential(torch.nn.Linear(IN_DIM, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
-                                  torch.nn.Linear(8, DIM)).double()
+    with_bn = torch.nn.Sequential(
+        torch.nn.Linear(IN_DIM, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, DIM)
+    ).double()
     plain = Encoders(False).double()
     assert abs(step_loss(with_bn, 1) - step_loss(with_bn, ACCUM)) > 1e-3
     torch.testing.assert_close(step_loss(plain, ACCUM), step_loss(plain, 1), rtol=1e-12, atol=1e-12)
@@ -218,8 +228,9 @@ DS_CASES = [("vicreg", {}, "joint")]
 def _deepspeed_worker(rank, port, out_dir):
     from eigtrain.engine.deepspeed_zero import DeepSpeedEngine
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank)
+    )
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     results = []
@@ -227,8 +238,15 @@ def _deepspeed_worker(rank, port, out_dir):
         for accum in (1, ACCUM):
             objective = build_objective(name, DIM, nesting=nesting, **kwargs)
             model = Encoders(objective.pairs)
-            engine = DeepSpeedEngine(model, SGD, device=torch.device("cpu"), stage=2, precision="fp32",
-                                     micro_batch_size=LOCAL_BATCH // accum, grad_accum_steps=accum)
+            engine = DeepSpeedEngine(
+                model,
+                SGD,
+                device=torch.device("cpu"),
+                stage=2,
+                precision="fp32",
+                micro_batch_size=LOCAL_BATCH // accum,
+                grad_accum_steps=accum,
+            )
             before = [p.detach().clone() for p in engine.model.parameters()]
             x, a = (t.float() for t in data(rank))
             result = engine.train_step(list(zip(chunks(x, accum), chunks(a, accum))), loss_fn(objective), lr=1.0)
@@ -259,8 +277,9 @@ def test_trainer_names_the_batchnorm_caveat_once_and_the_losses_differ(digits_ro
     for micro in (64, 16):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="eigtrain.train"):
-            cfg = compose_config(overrides(tmp_path / f"run{micro}", digits_root, "steps=1",
-                                           f"micro_batch_size={micro}"))
+            cfg = compose_config(
+                overrides(tmp_path / f"run{micro}", digits_root, "steps=1", f"micro_batch_size={micro}")
+            )
             losses[micro] = run(cfg)["loss"]
         named = [r for r in caplog.records if "normalized by its own statistics" in r.getMessage()]
         assert len(named) == (1 if micro == 16 else 0), caplog.text

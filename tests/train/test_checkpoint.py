@@ -69,8 +69,9 @@ def test_rng_state_round_trip_through_weights_only_load(tmp_path):
 
 def _engine(seed=0):
     torch.manual_seed(seed)
-    model = build_encoder({"backbone": "tiny_cnn", "width": 4, "projector_hidden": 8, "projector_layers": 1},
-                          dim=4, input_shape=(1, 8, 8))
+    model = build_encoder(
+        {"backbone": "tiny_cnn", "width": 4, "projector_hidden": 8, "projector_layers": 1}, dim=4, input_shape=(1, 8, 8)
+    )
     return DDPEngine(model, OPTIM, device=torch.device("cpu"), grad_clip=3.0)
 
 

@@ -18,8 +18,11 @@ def test_compiled_encoder_matches_eager(digits_root, tmp_path, monkeypatch):
     common = overrides(tmp_path / "eager", digits_root, "steps=3", "checkpoint_every=3")
     eager = run(compose_config(common))
     try:
-        compiled = run(compose_config(overrides(tmp_path / "compiled", digits_root, "steps=3", "checkpoint_every=3",
-                                                "engine.compile=true")))
+        compiled = run(
+            compose_config(
+                overrides(tmp_path / "compiled", digits_root, "steps=3", "checkpoint_every=3", "engine.compile=true")
+            )
+        )
     except Exception as exn:  # noqa: BLE001
         if "CppCompileError" in type(exn).__name__ or "InductorError" in type(exn).__name__:
             pytest.skip(f"inductor cannot build C++ kernels on this machine: {exn}")

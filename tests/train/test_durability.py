@@ -17,8 +17,9 @@ def _model():
     from eigtrain.models import build_encoder
 
     torch.manual_seed(0)
-    return build_encoder({"backbone": "tiny_cnn", "width": 4, "projector_hidden": 8, "projector_layers": 1},
-                         dim=4, input_shape=(1, 8, 8))
+    return build_encoder(
+        {"backbone": "tiny_cnn", "width": 4, "projector_hidden": 8, "projector_layers": 1}, dim=4, input_shape=(1, 8, 8)
+    )
 
 
 def _record(monkeypatch) -> list[tuple[str, str]]:
@@ -57,7 +58,7 @@ def _assert_durable_before_marker(path: Path, events: list[tuple[str, str]]) -> 
     assert len(files) >= 3, files  # the engine's files, rank-0.pt, trainer.json
     assert files - synced_before == set(), "written but not fsynced before the marker"
     assert dirs - synced_before == set(), "directories not fsynced before the marker"
-    assert ("fsync", str(path)) in events[at + 1:], "the marker's rename is not made durable"
+    assert ("fsync", str(path)) in events[at + 1 :], "the marker's rename is not made durable"
 
 
 def test_ddp_checkpoint_is_fsynced_before_its_marker(tmp_path, monkeypatch):
@@ -72,8 +73,9 @@ def _deepspeed_worker(rank, root):
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     torch.set_num_threads(1)
-    engine = DeepSpeedEngine(_model(), OPTIM, device=torch.device("cpu"), stage=2, precision="fp32",
-                             micro_batch_size=8, grad_accum_steps=1)
+    engine = DeepSpeedEngine(
+        _model(), OPTIM, device=torch.device("cpu"), stage=2, precision="fp32", micro_batch_size=8, grad_accum_steps=1
+    )
     with pytest.MonkeyPatch.context() as monkeypatch:
         path, events = _train_and_save(engine, Path(root), monkeypatch)
     assert any(p.name.startswith("zero_pp_rank_0") for p in path.iterdir()), list(path.iterdir())

@@ -24,7 +24,6 @@ from eigtrain.engine.base import enable_cuda_fast_paths, guarded_step
 from eigtrain.objectives.moments import full_fp32_matmul
 from tests.support.runs import REPO, clean_env, overrides, run_cli
 
-
 # ---------------------------------------------------------------------------------------------- nvJPEG probe
 
 
@@ -59,8 +58,9 @@ def png_root(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("png")
     images = np.random.default_rng(0).integers(0, 256, size=(64, 3, 12, 10), dtype=np.uint8)
     np.savez(tmp / "rgb.npz", x=images, y=np.arange(64) % 4)
-    write_shards_cli(["source=npz", f"path={tmp / 'rgb.npz'}", f"out={tmp / 'shards'}", "shard_size=16",
-                      "val_fraction=0.1"])
+    write_shards_cli(
+        ["source=npz", f"path={tmp / 'rgb.npz'}", f"out={tmp / 'shards'}", "shard_size=16", "val_fraction=0.1"]
+    )
     return tmp / "shards"
 
 
@@ -112,8 +112,10 @@ def _model(layers: int) -> nn.Module:
 
 
 def _optimizers(model):
-    return [torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True),
-            torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1, foreach=True)]
+    return [
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True),
+        torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1, foreach=True),
+    ]
 
 
 def _backward(model, scale=1.0):
@@ -122,15 +124,20 @@ def _backward(model, scale=1.0):
 
 
 def _state(model, optimizer):
-    return ([p.detach().clone() for p in model.parameters()],
-            [{k: v.clone() for k, v in optimizer.state[p].items()} for p in model.parameters() if p in optimizer.state])
+    return (
+        [p.detach().clone() for p in model.parameters()],
+        [{k: v.clone() for k, v in optimizer.state[p].items()} for p in model.parameters() if p in optimizer.state],
+    )
 
 
 def _equal(a, b) -> bool:
     params_a, state_a = a
     params_b, state_b = b
-    return (all(torch.equal(x, y) for x, y in zip(params_a, params_b)) and len(state_a) == len(state_b)
-            and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(state_a, state_b)))
+    return (
+        all(torch.equal(x, y) for x, y in zip(params_a, params_b))
+        and len(state_a) == len(state_b)
+        and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(state_a, state_b))
+    )
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["sgd", "adamw"])
@@ -212,8 +219,9 @@ class _CountFullSize(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if not func.is_view:
-            self.count += sum(t.numel() >= self.numel for t in torch.utils._pytree.tree_leaves(out)
-                              if isinstance(t, torch.Tensor))
+            self.count += sum(
+                t.numel() >= self.numel for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+            )
         return out
 
 
@@ -222,8 +230,9 @@ def test_folded_colour_jitter_equals_each_operation_applied_in_turn(preset, chan
     recipe = PRESETS[preset][0]
     recipe = ViewRecipe(jitter=recipe.jitter, jitter_p=recipe.jitter_p)  # jitter only
     x = torch.rand(64, channels, 12, 12, generator=torch.Generator().manual_seed(1))
-    draws = augment_draws.draw(recipe, augment_draws.Sampler(torch.Generator().manual_seed(2), x.device, 64), x.shape,
-                          (12, 12), None)
+    draws = augment_draws.draw(
+        recipe, augment_draws.Sampler(torch.Generator().manual_seed(2), x.device, 64), x.shape, (12, 12), None
+    )
     with _CountFullSize(x.numel()) as reference_traffic:
         expected = _jitter_reference(x.clone(), recipe, draws)
     with _CountFullSize(x.numel()) as folded_traffic:
@@ -282,8 +291,17 @@ def test_rr_with_several_ranks_takes_its_backend_from_the_device(tmp_path):
     z = rng.normal(size=(400, 4))
     np.savez(tmp_path / "emb.npz", z1=z, z2=z + 0.1 * rng.normal(size=z.shape))
     (tmp_path / "rr_on_cuda_machine.py").write_text(RR_ON_A_CUDA_MACHINE)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(tmp_path / "rr_on_cuda_machine.py"), f"embeddings={tmp_path / 'emb.npz'}", f"out={tmp_path / 'rr'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(tmp_path / "rr_on_cuda_machine.py"),
+        f"embeddings={tmp_path / 'emb.npz'}",
+        f"out={tmp_path / 'rr'}",
+    ]
     proc = subprocess.run(cmd, env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "rr" / "rr.safetensors").is_file()
@@ -315,8 +333,14 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def _jpegs(n: int = 16) -> list[bytes]:
     g = torch.Generator().manual_seed(0)
-    return [bytes(torchvision.io.encode_jpeg(torch.randint(0, 256, (3, 64 + 8 * i, 48), dtype=torch.uint8,
-                                                           generator=g), quality=90).numpy()) for i in range(n)]
+    return [
+        bytes(
+            torchvision.io.encode_jpeg(
+                torch.randint(0, 256, (3, 64 + 8 * i, 48), dtype=torch.uint8, generator=g), quality=90
+            ).numpy()
+        )
+        for i in range(n)
+    ]
 
 
 @needs_cuda

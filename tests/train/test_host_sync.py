@@ -35,6 +35,7 @@ def counted_syncs(monkeypatch):
         def wrapper(*args, **kwargs):
             counts.setdefault(step[0], []).append(name)
             return original(*args, **kwargs)
+
         return wrapper
 
     for name in SYNCING:
@@ -52,8 +53,11 @@ def counted_syncs(monkeypatch):
         return tensor(*args, **kwargs)
 
     def blocking_to(self, *args, **kwargs):  # a copy to a device that waits for it, unless non_blocking
-        if ours() and not kwargs.get("non_blocking") and (kwargs.get("device") is not None or any(
-                isinstance(a, (torch.device, str)) for a in args)):
+        if (
+            ours()
+            and not kwargs.get("non_blocking")
+            and (kwargs.get("device") is not None or any(isinstance(a, (torch.device, str)) for a in args))
+        ):
             counts.setdefault(step[0], []).append("to(device)")
         return to(self, *args, **kwargs)
 
@@ -75,8 +79,11 @@ def counted_syncs(monkeypatch):
 @pytest.mark.parametrize("extra", [[], ["micro_batch_size=16", "data.augment=cifar"]], ids=["plain", "accumulation"])
 def test_at_most_one_host_sync_per_step(counted_syncs, digits_root, tmp_path, extra):
     # Logging and checkpoints only at the last step; cifar's augmentation has colour jitter (per-sample choices).
-    cfg = compose_config(overrides(tmp_path / "run", digits_root, f"steps={STEPS}", f"log_every={STEPS}",
-                                   f"checkpoint_every={STEPS}", *extra))
+    cfg = compose_config(
+        overrides(
+            tmp_path / "run", digits_root, f"steps={STEPS}", f"log_every={STEPS}", f"checkpoint_every={STEPS}", *extra
+        )
+    )
     if "data.augment=cifar" in extra:
         cfg.data.mean, cfg.data.std = [0.5], [0.5]  # one channel
     result = run(cfg)
@@ -106,16 +113,27 @@ def one_rank_group(tmp_path):
 
 
 @pytest.mark.slow
-def test_hue_jitter_whole_images_and_save_on_signal_add_no_host_sync(counted_syncs, rgb_root, tmp_path,
-                                                                    one_rank_group, monkeypatch):
+def test_hue_jitter_whole_images_and_save_on_signal_add_no_host_sync(
+    counted_syncs, rgb_root, tmp_path, one_rank_group, monkeypatch
+):
     """cifar's colour jitter with hue on RGB images padded whole (valid sizes travel with the batch), with the
     save-on-signal handler installed in a process group: the syncs the digits preset cannot show."""
     monkeypatch.setattr(dist._StopState, "installed", False)
     dist.install_stop_handler(requeue_signal=None, stop_signals=(signal.SIGUSR1,))
     previous = signal.getsignal(signal.SIGUSR1)
-    cfg = compose_config(overrides(tmp_path / "run", rgb_root, f"steps={STEPS}", f"log_every={STEPS}",
-                                   f"checkpoint_every={STEPS}", "data.augment=cifar", "data.image_size=[12,10]",
-                                   "data.image_fit=whole", "data.view_size=[8,8]"))
+    cfg = compose_config(
+        overrides(
+            tmp_path / "run",
+            rgb_root,
+            f"steps={STEPS}",
+            f"log_every={STEPS}",
+            f"checkpoint_every={STEPS}",
+            "data.augment=cifar",
+            "data.image_size=[12,10]",
+            "data.image_fit=whole",
+            "data.view_size=[8,8]",
+        )
+    )
     try:
         result = run(cfg)
     finally:
@@ -126,8 +144,7 @@ def test_hue_jitter_whole_images_and_save_on_signal_add_no_host_sync(counted_syn
     assert all(len(calls) <= 1 for calls in per_step.values()), per_step
 
 
-def test_ranks_agree_on_a_stop_signal_at_the_next_check(digits_root, tmp_path, one_rank_group,
-                                                         monkeypatch):
+def test_ranks_agree_on_a_stop_signal_at_the_next_check(digits_root, tmp_path, one_rank_group, monkeypatch):
     """In a process group the stop flag is all-reduced every signal_check_every steps: a signal during step 3
     with checks every 4 steps saves at step 4 and stops there."""
     from tests.support.faulty import faulty_objectives

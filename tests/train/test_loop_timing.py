@@ -104,16 +104,18 @@ def test_train_state_counts_steps_samples_and_skips_only_when_read():
     state.read_skips(last_checkpoint=None)
     assert (state.skipped_steps, state.skipped_batches) == (1, 1), "each skip is counted once"
     state.advance(torch.tensor(False), usable=True)
-    with pytest.raises(NonFiniteError, match=r"2 steps .* max_nonfinite_steps=1; stopped at step 4; last good "
-                                             r"checkpoint: step-2"):
+    with pytest.raises(
+        NonFiniteError,
+        match=r"2 steps .* max_nonfinite_steps=1; stopped at step 4; last good "
+        r"checkpoint: step-2",
+    ):
         state.read_skips(last_checkpoint="step-2")
 
 
 def test_train_state_round_trips_through_its_state_dict_and_loads_older_checkpoints():
     state = TrainState(torch.device("cpu"), batch_size=4, max_nonfinite_steps=10)
     state.load_state_dict({"step": 5, "samples": 20, "skipped_steps": 1, "wandb_id": "abc"})  # no skipped_batches yet
-    assert state.state_dict() == {"step": 5, "samples": 20, "skipped_steps": 1, "skipped_batches": 0,
-                                  "wandb_id": "abc"}
+    assert state.state_dict() == {"step": 5, "samples": 20, "skipped_steps": 1, "skipped_batches": 0, "wandb_id": "abc"}
     again = TrainState(torch.device("cpu"), batch_size=4, max_nonfinite_steps=10)
     again.load_state_dict(state.state_dict())
     assert again.state_dict() == state.state_dict()

@@ -23,19 +23,36 @@ def write_data(root, shards=4, corrupt_shard=1, good_in_corrupt_shard=0):
     that are not an image."""
     rng = np.random.default_rng(0)
     bad = range(corrupt_shard * SHARD + good_in_corrupt_shard, (corrupt_shard + 1) * SHARD)
-    samples = [{"__key__": f"s-{i:05d}", "cls": i % 10,
-                "png": b"not a png" if i in bad else png_bytes(rng.integers(0, 256, (8, 8), dtype=np.uint8))}
-               for i in range(shards * SHARD)]
+    samples = [
+        {
+            "__key__": f"s-{i:05d}",
+            "cls": i % 10,
+            "png": b"not a png" if i in bad else png_bytes(rng.integers(0, 256, (8, 8), dtype=np.uint8)),
+        }
+        for i in range(shards * SHARD)
+    ]
     write_shards(root, {"train": samples}, shard_size=SHARD, meta=META)
     return root
 
 
 def overrides(run_dir, root, *extra, world=1):
     steps = 4 // world  # one epoch
-    return ["experiment=cpu_debug", f"run_dir={run_dir}", f"data.root={root}", "data.write_if_missing=null",
-            "data.num_workers=0", "data.shuffle_block=0", "data.mix_shards=1", f"batch_size={SHARD * world}",
-            f"steps={steps}", "log_every=1", f"checkpoint_every={steps}", "logging.wandb.mode=disabled",
-            "logging.progress=false", *extra]
+    return [
+        "experiment=cpu_debug",
+        f"run_dir={run_dir}",
+        f"data.root={root}",
+        "data.write_if_missing=null",
+        "data.num_workers=0",
+        "data.shuffle_block=0",
+        "data.mix_shards=1",
+        f"batch_size={SHARD * world}",
+        f"steps={steps}",
+        "log_every=1",
+        f"checkpoint_every={steps}",
+        "logging.wandb.mode=disabled",
+        "logging.progress=false",
+        *extra,
+    ]
 
 
 def test_a_batch_of_only_corrupt_samples_is_skipped_and_counted(tmp_path):
@@ -65,8 +82,9 @@ def test_past_max_corrupt_the_run_stops_with_one_line(tmp_path):
     root = write_data(tmp_path / "data")
     with pytest.raises(CorruptDataError, match=f"{SHARD} unusable samples .* more than max_corrupt={SHARD - 1}"):
         run(compose_config(overrides(tmp_path / "run", root, f"data.max_corrupt={SHARD - 1}")))
-    cli = run_cli(["-m", "eigtrain.train", *overrides(tmp_path / "cli", root, f"data.max_corrupt={SHARD - 1}")],
-                  tmp_path)
+    cli = run_cli(
+        ["-m", "eigtrain.train", *overrides(tmp_path / "cli", root, f"data.max_corrupt={SHARD - 1}")], tmp_path
+    )
     assert cli.returncode != 0
     last = cli.stderr.strip().splitlines()[-1]
     assert last.startswith("eigtrain-train: 16 unusable samples") and "max_corrupt=15; the last: shard" in last

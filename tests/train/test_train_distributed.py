@@ -10,7 +10,16 @@ import pytest
 
 from eigtrain import checkpoint as ckpt
 from eigtrain.metrics_log import read_metrics
-from tests.support.runs import KILL_WRAPPER, REPO, assert_same_final_weights, check, losses, overrides, run_cli, torchrun
+from tests.support.runs import (
+    KILL_WRAPPER,
+    REPO,
+    assert_same_final_weights,
+    check,
+    losses,
+    overrides,
+    run_cli,
+    torchrun,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +44,13 @@ def test_deepspeed_zero2_two_processes_sigkill_and_resume_bit_identical(digits_r
     ds = ("engine=deepspeed", "engine.zero_stage=2")
     check(torchrun(tmp_path, ["-m", "eigtrain.train"], *overrides(reference, digits_root, *ds)))
     step6 = reference / "checkpoints/step-6"
-    assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt",
-            "rank-0.pt", "rank-1.pt", ckpt.MARKER} <= {p.name for p in step6.iterdir()}
+    assert {
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        "rank-0.pt",
+        "rank-1.pt",
+        ckpt.MARKER,
+    } <= {p.name for p in step6.iterdir()}
 
     start = time.monotonic()
     killed = torchrun(tmp_path, [KILL_WRAPPER], "step", "5", *overrides(resumed, digits_root, *ds))

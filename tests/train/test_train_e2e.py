@@ -30,8 +30,18 @@ def reference(digits_root, tmp_path_factory):
 
 def test_cpu_run_end_to_end_writes_shards_logs_checkpoints_and_export(tmp_path):
     run_dir, data_root = tmp_path / "run", tmp_path / "digits"  # no shards yet: cpu_debug writes them
-    cfg = compose_config(["experiment=cpu_debug", f"run_dir={run_dir}", f"data.root={data_root}", "steps=4",
-                          "checkpoint_every=2", "log_every=1", "logging.wandb.mode=offline", "nesting=joint"])
+    cfg = compose_config(
+        [
+            "experiment=cpu_debug",
+            f"run_dir={run_dir}",
+            f"data.root={data_root}",
+            "steps=4",
+            "checkpoint_every=2",
+            "log_every=1",
+            "logging.wandb.mode=offline",
+            "nesting=joint",
+        ]
+    )
     result = run(cfg)
     assert result["step"] == 4 and result["skipped_steps"] == 0 and result["checkpoint"].endswith("step-4")
     assert (data_root / "index.json").exists()
@@ -41,7 +51,17 @@ def test_cpu_run_end_to_end_writes_shards_logs_checkpoints_and_export(tmp_path):
     for r in records:
         assert {"loss", "lr", "grad_norm", "samples_per_s", "data_wait", "skipped_steps"} <= r.keys()
         assert len(r["eigenvalues"]) == cfg.dim and all(map(lambda v: v is not None, r["eigenvalues"]))
-        terms = r.keys() - {"step", "loss", "eigenvalues", "lr", "grad_norm", "samples", "samples_per_s", "data_wait", "skipped_steps"}
+        terms = r.keys() - {
+            "step",
+            "loss",
+            "eigenvalues",
+            "lr",
+            "grad_norm",
+            "samples",
+            "samples_per_s",
+            "data_wait",
+            "skipped_steps",
+        }
         assert terms, "each loss term is logged"
     assert records[-1]["samples"] == 4 * cfg.batch_size
 
@@ -119,7 +139,9 @@ def test_stop_signal_saves_at_the_step_boundary_and_resume_is_exact(reference, d
 def test_nonfinite_loss_and_gradient_are_skipped_then_the_run_stops(digits_root, tmp_path, monkeypatch):
     faulty_objectives(monkeypatch, nan_loss_calls={3}, nan_grad_calls={4})
     run_dir = tmp_path / "tolerated"
-    result = run(compose_config(overrides(run_dir, digits_root, "steps=4", "checkpoint_every=1", "max_nonfinite_steps=2")))
+    result = run(
+        compose_config(overrides(run_dir, digits_root, "steps=4", "checkpoint_every=1", "max_nonfinite_steps=2"))
+    )
     assert result["step"] == 4 and result["skipped_steps"] == 2
     records = {r["step"]: r for r in read_metrics(run_dir)}
     assert records[3]["loss"] is None and records[4]["loss"] is not None  # NaN is logged as null
@@ -134,7 +156,9 @@ def test_nonfinite_loss_and_gradient_are_skipped_then_the_run_stops(digits_root,
     faulty_objectives(monkeypatch, nan_loss_calls={3}, nan_grad_calls={4})
     run_dir = tmp_path / "stopped"
     cfg = compose_config(overrides(run_dir, digits_root, "steps=5", "checkpoint_every=1", "max_nonfinite_steps=1"))
-    with pytest.raises(NonFiniteError, match=r"2 steps had a non-finite loss or gradient, more than max_nonfinite_steps=1"):
+    with pytest.raises(
+        NonFiniteError, match=r"2 steps had a non-finite loss or gradient, more than max_nonfinite_steps=1"
+    ):
         run(cfg)
     assert ckpt.latest_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints/step-2"  # the last good one
     w_stop = ckpt.model_weights(run_dir / "checkpoints/step-2")
@@ -153,9 +177,19 @@ def test_two_encoders_on_stored_pairs_with_a_vector_context(tmp_path):
     np.savez(tmp_path / "pairs.npz", x=x, a=a)
     write_shards_cli(["source=npz", f"path={tmp_path / 'pairs.npz'}", f"out={tmp_path / 'pairs'}", "shard_size=200"])
     run_dir = tmp_path / "run"
-    cfg = compose_config(["experiment=cpu_debug", "data=pairs", f"data.root={tmp_path / 'pairs'}", "objective=lora",
-                          "nesting=joint", f"run_dir={run_dir}", "logging.wandb.mode=disabled", "steps=4",
-                          "model.context={backbone: mlp, width: 32, depth: 2, projector_layers: 0}"])
+    cfg = compose_config(
+        [
+            "experiment=cpu_debug",
+            "data=pairs",
+            f"data.root={tmp_path / 'pairs'}",
+            "objective=lora",
+            "nesting=joint",
+            f"run_dir={run_dir}",
+            "logging.wandb.mode=disabled",
+            "steps=4",
+            "model.context={backbone: mlp, width: 32, depth: 2, projector_layers: 0}",
+        ]
+    )
     result = run(cfg)
     assert result["step"] == 4 and all(r["loss"] is not None for r in read_metrics(run_dir))
     encoder = ckpt.load_encoder(run_dir)
