@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from eigtrain import checkpoint as ckpt
+from eigtrain import random_state
 from eigtrain.data import build_augment
 from eigtrain.data.augment import NORMALIZATION
 from eigtrain.data.from_config import build_stream, check_splits
@@ -98,14 +98,14 @@ class KNNMonitor(MonitorSchedule):
     def __call__(self, model: nn.Module) -> dict[str, float]:
         """{"knn/k": accuracy} for each prefix size k, with the current weights of ``model`` (the plain module)."""
         encoder = model.phi if self.pairs else model
-        was_training, rng = model.training, ckpt.rng_state()
+        was_training, rng = model.training, random_state.rng_state()
         model.eval()
         try:
             train_z, train_y = self._embed(encoder, self.cfg.train_split, self.cfg.max_train_samples)
             val_z, val_y = self._embed(encoder, self.cfg.val_split, self.cfg.max_val_samples)
         finally:
             model.train(was_training)
-            ckpt.set_rng_state(rng)
+            random_state.set_rng_state(rng)
         k = self.cfg.k
         return {f"knn/{d}": knn_accuracy(train_z[:, :d], train_y, val_z[:, :d], val_y, k=k) for d in dims_for(self.dim)}
 

@@ -22,7 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from eigtrain import checkpoint as ckpt
-from eigtrain import dist
+from eigtrain import dist, random_state
 from eigtrain.data import CorruptDataError, build_augment
 from eigtrain.data import from_config as data_setup
 from eigtrain.engine import build_engine, lr_at
@@ -174,7 +174,7 @@ def _setup(
     if refused:
         raise ConfigError(refused)
     x_shape, a_shape = prepare_data(data, rank, cache_dir=run_dir / "data")
-    ckpt.seed_all(cfg.seed)  # the same initial weights on every rank
+    random_state.seed_all(cfg.seed)  # the same initial weights on every rank
     model = build_encoder(cfg.model, cfg.dim, x_shape, a_shape)
     model = use_sync_batch_norm(model, cfg.model.sync_batch_norm, world, device)  # GPU jobs: on by default for ResNets
     engine = build_engine(
@@ -192,7 +192,7 @@ def _setup(
     mean, std = (tuple(v) if v else None for v in (data.mean, data.std))
     augment = build_augment(data.augment, image_size=data.view_size, mean=mean, std=std).to(device)
     generator = torch.Generator(device=device)
-    generator.manual_seed(ckpt.seed_all(cfg.seed, rank, 1))  # per-rank randomness from here on
+    generator.manual_seed(random_state.seed_all(cfg.seed, rank, 1))  # per-rank randomness from here on
     log.info(
         "%d rank(s) on %s; per-rank micro-batch %d x %d accumulation; %.2fM parameters",
         world,

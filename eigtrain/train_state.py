@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import torch
 
-from eigtrain import checkpoint as ckpt
+from eigtrain import random_state
 from eigtrain.skipped_batches import agreed_count
 
 log = logging.getLogger("eigtrain.train")  # the trainer's warnings, under the trainer's name in the run's log
@@ -99,9 +99,9 @@ class RankState:
         self.stream, self.generator = stream, generator
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": ckpt.rng_state({"augment": self.generator}), "data": self.stream.state_dict()}
+        return {"rng": random_state.rng_state({"augment": self.generator}), "data": self.stream.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.stream.load_state_dict(state["data"])
         if "rng" in state:  # absent after a resume on another world size (`Checkpointer.load`)
-            ckpt.set_rng_state(state["rng"], {"augment": self.generator})
+            random_state.set_rng_state(state["rng"], {"augment": self.generator})

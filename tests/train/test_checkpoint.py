@@ -11,6 +11,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from eigtrain import checkpoint as ckpt
+from eigtrain import random_state
 from eigtrain.engine.ddp import DDPEngine, WeightsOnlyLoadPlanner
 from eigtrain.models import build_encoder
 
@@ -58,10 +59,10 @@ def test_prune_keeps_last_k_and_drops_stale_partials(tmp_path):
 def test_rng_state_round_trip_through_weights_only_load(tmp_path):
     gen = torch.Generator().manual_seed(7)
     torch.manual_seed(1), np.random.seed(2), random.seed(3)
-    torch.save(ckpt.rng_state({"augment": gen}), tmp_path / "rng.pt")
+    torch.save(random_state.rng_state({"augment": gen}), tmp_path / "rng.pt")
     expected = (torch.rand(3), np.random.rand(3), random.random(), torch.rand(3, generator=gen))
     torch.manual_seed(99), np.random.seed(99), random.seed(99), gen.manual_seed(99)
-    ckpt.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True), {"augment": gen})
+    random_state.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True), {"augment": gen})
     got = (torch.rand(3), np.random.rand(3), random.random(), torch.rand(3, generator=gen))
     assert torch.equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
     assert got[2] == expected[2] and torch.equal(got[3], expected[3])
@@ -129,9 +130,9 @@ def test_cuda_rng_state_is_this_process_gpu_only(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # one GPU per task: always device 0
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: torch.tensor([device, 7], dtype=torch.uint8))
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((state.tolist(), device)))
-    state = ckpt.rng_state()
+    state = random_state.rng_state()
     assert state["cuda"].tolist() == [0, 7]
-    ckpt.set_rng_state(state)
+    random_state.set_rng_state(state)
     # A checkpoint of the older format (all 8 GPUs of a node) resumed with one GPU per task: this task's own.
-    ckpt.set_rng_state({**state, "cuda": [torch.tensor([i, 7], dtype=torch.uint8) for i in range(8)]})
+    random_state.set_rng_state({**state, "cuda": [torch.tensor([i, 7], dtype=torch.uint8) for i in range(8)]})
     assert restored == [([0, 7], 0), ([0, 7], 0)]
