@@ -1,4 +1,5 @@
-"""Table and eigenvalue-decay plot from tools/bench_claims.py's reports: benchmarks/claims.md, claims_eigenvalues.png.
+"""Table and eigenvalue-decay plot from tools/bench_claims.py's reports: benchmarks/claims_table.md,
+claims_eigenvalues.png, and README.md's headline table (between its `headline` markers; a test fails when stale).
 
     python tools/claims_table.py
 """
@@ -10,15 +11,21 @@ from pathlib import Path
 ROOT = Path("benchmarks/claims")
 METHODS = ("RR", "RR (paper)", "JN", "FF", "PCA", "RS")
 DIMS = ("4", "8", "16")
-NAMES = {"scl": "SCL", "vicreg_paper": "VICReg (paper form)"}
+NAMES = {
+    "scl": "SCL",
+    "scl_constant_none": "SCL, constant_mode=none (eigtrain before the constant was held outside, 44f9c76)",
+    "vicreg_paper": "VICReg (paper form)",
+}
 
 
 def load() -> dict:
     cells = {}
     for path in sorted(ROOT.glob("*-seed*/report.json")):
         objective, seed = path.parent.name.rsplit("-seed", 1)
-        cells.setdefault(objective, {})[int(seed)] = (json.loads(path.read_text()),
-                                                      json.loads((path.parent / "eigenvalues.json").read_text()))
+        cells.setdefault(objective, {})[int(seed)] = (
+            json.loads(path.read_text()),
+            json.loads((path.parent / "eigenvalues.json").read_text()),
+        )
     return cells
 
 
@@ -32,28 +39,80 @@ def fmt(values: list[float]) -> str:
 def table(cells: dict) -> list[str]:
     lines = []
     for objective, seeds in cells.items():
-        steps = {e["steps"] for _, e in seeds.values()}
-        lines += ["", f"### {NAMES.get(objective, objective)} — {len(seeds)} seed(s) {sorted(seeds)}, {steps.pop()} steps, "
-                      "closed-form probe, digits validation (359 images); accuracy %, mean ± sd over seeds", "",
-                  "| Method \\ k | " + " | ".join(DIMS) + " |", "|---|" + "---|" * len(DIMS)]
-        for method in METHODS:
-            row = [fmt([r["accuracy"][method][k] for r, _ in seeds.values() if k in r["accuracy"].get(method, {})]) for k in DIMS]
-            lines.append(f"| {method} | " + " | ".join(row) + " |")
+        lines += ["", f"### {NAMES.get(objective, objective)} — {caption(seeds)}", ""] + method_rows(
+            seeds, METHODS, DIMS
+        )
     return lines
+
+
+def caption(seeds: dict) -> str:
+    steps = sorted({e["steps"] for _, e in seeds.values()})
+    probes = sorted({r["probe"] for r, _ in seeds.values()})
+    probe = {"sgd": "SGD probe (50 epochs)", "closed_form": "closed-form probe"}.get(probes[0], probes[0])
+    return (
+        f"{len(seeds)} seed(s) {sorted(seeds)}, {'/'.join(map(str, steps))} steps, {probe}, digits validation "
+        "(359 images); accuracy %, mean ± sd over seeds"
+    )
+
+
+def method_rows(seeds: dict, methods, dims, labels: dict | None = None) -> list[str]:
+    lines = ["| Method \\ k | " + " | ".join(dims) + " |", "|---|" + "---|" * len(dims)]
+    for method in methods:
+        row = [
+            fmt([r["accuracy"][method][k] for r, _ in seeds.values() if k in r["accuracy"].get(method, {})])
+            for k in dims
+        ]
+        lines.append(f"| {(labels or {}).get(method, method)} | " + " | ".join(row) + " |")
+    return lines
+
+
+HEADLINE = {
+    "RR": "RR (Rayleigh–Ritz, trivial mode excluded)",
+    "RR (paper)": "RR (paper's convention: constant first)",
+    "JN": "JN (joint-nesting prefixes)",
+    "FF": "FF (a model trained at each size k)",
+    "PCA": "PCA (of the same embedding)",
+    "RS": "RS (random coordinates)",
+}
+
+
+def headline(cells: dict) -> list[str]:
+    """README's table: SCL, every method, k = 4 ... 32, and the bytes each prefix costs."""
+    seeds = cells["scl"]
+    dims = ("4", "8", "16", "32")
+    bytes_row = (
+        "| bytes per vector, fp32 / fp16 / int8 | "
+        + " | ".join(f"{4 * int(k)} / {2 * int(k)} / {k}" for k in dims)
+        + " |"
+    )
+    return [f"SCL on digits — {caption(seeds)}:", ""] + method_rows(seeds, METHODS, dims, HEADLINE) + [bytes_row]
+
+
+def write_headline(lines: list[str], readme: Path = Path("README.md")) -> None:
+    begin, end = "<!-- headline: python tools/claims_table.py -->", "<!-- /headline -->"
+    text = readme.read_text()
+    start, stop = text.index(begin) + len(begin), text.index(end)
+    readme.write_text(text[:start] + "\n" + "\n".join(lines) + "\n" + text[stop:])
 
 
 def spectrum_lines(cells: dict) -> list[str]:
     """Item 4 across the runs: the spectrum's k (90 % of sum lambda, on the evaluated sizes) vs the probe's smallest
     k within 1 / 5 points of RR at k = 32; and how flat each spectrum is (lambda_16 / lambda_1, beyond the trivial
     mode)."""
-    lines = ["", "### Spectrum's k vs measured k (RR), and spectrum flatness", "",
-             "| objective | seed | k: 50 % Σλ | k: 90 % Σλ | measured, 1 pt | measured, 5 pt | λ₁ | λ₁₆ / λ₁ |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "### Spectrum's k vs measured k (RR), and spectrum flatness",
+        "",
+        "| objective | seed | k: 50 % Σλ | k: 90 % Σλ | measured, 1 pt | measured, 5 pt | λ₁ | λ₁₆ / λ₁ |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for objective, seeds in cells.items():
         for seed, (r, e) in sorted(seeds.items()):
             sug, meas, lam = r["spectrum"]["suggested"], r["spectrum"]["measured"], e["eigenvalues"]
-            lines.append(f"| {NAMES.get(objective, objective)} | {seed} | {sug['sum_0.5']['k_on_grid']} | "
-                         f"{sug['sum_0.9']['k_on_grid']} | {meas['1pt']} | {meas['5pt']} | {lam[0]:.3f} | {lam[15] / lam[0]:.3f} |")
+            lines.append(
+                f"| {NAMES.get(objective, objective)} | {seed} | {sug['sum_0.5']['k_on_grid']} | "
+                f"{sug['sum_0.9']['k_on_grid']} | {meas['1pt']} | {meas['5pt']} | {lam[0]:.3f} | {lam[15] / lam[0]:.3f} |"
+            )
     return lines
 
 
@@ -67,8 +126,13 @@ def plot(cells: dict, path: Path) -> None:
     for i, (objective, seeds) in enumerate(cells.items()):
         for j, (_, e) in enumerate(seeds.values()):
             values = e["eigenvalues"]
-            ax.plot(range(1, len(values) + 1), values, color=f"C{i}", alpha=0.8,
-                    label=NAMES.get(objective, objective) if j == 0 else None)
+            ax.plot(
+                range(1, len(values) + 1),
+                values,
+                color=f"C{i}",
+                alpha=0.8,
+                label=NAMES.get(objective, objective) if j == 0 else None,
+            )
     ax.set_xlabel("index i (beyond the trivial mode)")
     ax.set_ylabel("Rayleigh–Ritz eigenvalue")
     ax.set_title("eigenvalue decay on digits, SCL vs VICReg", fontsize=9)
@@ -83,4 +147,5 @@ if __name__ == "__main__":
     cells = load()
     Path("benchmarks/claims_table.md").write_text("\n".join(table(cells) + spectrum_lines(cells)).lstrip() + "\n")
     plot(cells, Path("benchmarks/claims_eigenvalues.png"))
+    write_headline(headline(cells))
     print(Path("benchmarks/claims_table.md").read_text())
