@@ -185,7 +185,20 @@ def objective_schema(name: str) -> type:
 
     defaults = {**OBJECTIVES[name].defaults, **OBJECTIVES[name].options}
     fields = [(k, type(v), field(default=v)) for k, v in defaults.items()]
-    return dataclasses.make_dataclass(f"{name}_objective", [("name", str, field(default=name))] + fields)
+    cls = dataclasses.make_dataclass(f"{name}_objective", [("name", str, field(default=name))] + fields)
+    cls.__module__ = __name__  # pickle finds it here again (module __getattr__ below)
+    return cls
+
+
+def __getattr__(attr: str) -> type:
+    """`<name>_objective`: how pickle finds objective_schema(name) again, e.g. in a Slurm task unpickling its
+    config, so the config stays typed by the very class it merges with (not a second class of the same name)."""
+    if attr.endswith("_objective"):
+        from eigtrain.objectives import OBJECTIVES
+
+        if attr.removesuffix("_objective") in OBJECTIVES:
+            return objective_schema(attr.removesuffix("_objective"))
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
 # ------------------------------------------------------------------------------------------- root
