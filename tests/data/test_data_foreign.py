@@ -8,7 +8,6 @@ import hashlib
 import http.server
 import io
 import json
-import socket
 import threading
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from tests.support.foreign_shards import (
     write_class_ordered,
     write_shard,
 )
-from tests.support.runs import assert_same_final_weights, check, losses, torchrun
+from tests.support.runs import assert_same_final_weights, check, free_port, losses, torchrun
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 
@@ -250,9 +249,7 @@ def test_missing_shard_is_named_before_anything_runs(served, tmp_path):
 
 
 def test_unreachable_url_is_an_error_naming_it_and_counted_skips_when_counts_are_known(tmp_path):
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     url = f"http://127.0.0.1:{port}/x-{{0..1}}.tar"
     with pytest.raises(ShardError, match=f"cannot reach shard http://127.0.0.1:{port}/x-0.tar"):
         stream(url, tmp_path, io_timeout_s=5)

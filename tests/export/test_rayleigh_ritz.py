@@ -1,7 +1,6 @@
 """Rayleigh-Ritz core: exact streaming merges, exact recovery on finite kernels, the paper's algorithms."""
 
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ import torch.multiprocessing as mp
 
 from eigtrain.rayleigh_ritz import RRAccumulator, solve
 from tests.support.finite_kernels import assert_same_functions, empirical_eigenfunctions, stream, symmetric_pairs
+from tests.support.runs import free_port
 
 F64 = torch.float64
 
@@ -171,9 +171,7 @@ def _reduce_worker(rank, port, out_dir):
 
 @pytest.mark.slow
 def test_two_rank_all_reduce_equals_single_process(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_reduce_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
     gen = torch.Generator().manual_seed(5)
     z1 = torch.randn(301, 4, generator=gen, dtype=F64) + 3.0

@@ -4,7 +4,6 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
-import socket
 import time
 
 import pytest
@@ -14,6 +13,7 @@ import torch.distributed as torch_dist
 from eigtrain import dist
 from eigtrain.dist import DistEnv, expand_nodelist, expand_tasks_per_node, resolve_env
 from eigtrain.dist.slurm_nodes import scontrol_hostnames
+from tests.support.runs import free_port
 
 # What srun sets for task 5 of a 2-node x 4-task step (values seen on a real Slurm 22.05).
 SLURM_TASK = {
@@ -262,12 +262,6 @@ def test_stop_handler_only_sets_a_flag(restore_signals, sig, requeue):
 # Two real gloo processes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, port: int, failure: str, results) -> None:
     env = DistEnv(rank, 2, rank, 2, 0, 1, "127.0.0.1", port, "torchrun")
     dist.init_distributed(env, backend="gloo", timeout_s=3)
@@ -303,7 +297,7 @@ def _worker(rank: int, port: int, failure: str, results) -> None:
 def test_two_gloo_processes_collective_then_peer_failure_raises(failure):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, port, failure, results), daemon=True) for r in range(2)]
     for p in procs:
         p.start()

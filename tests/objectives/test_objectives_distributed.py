@@ -2,7 +2,6 @@
 on the concatenated batch, for every family, nested and not."""
 
 import os
-import socket
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from eigtrain.objectives import build_objective
+from tests.support.runs import free_port
 
 IN_DIM, DIM, LOCAL_BATCH, WORLD = 5, 6, 8, 2
 
@@ -75,15 +75,9 @@ def _worker(rank, port, out_dir):
     dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_process_loss_and_ddp_gradients_equal_single_process(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     x, a = _data()
     for i, (name, kwargs, nesting) in enumerate(CASES):

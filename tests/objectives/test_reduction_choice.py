@@ -13,8 +13,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from eigtrain.objectives import build_objective
 from eigtrain.objectives.moments import choose_reduction, reduction_costs
 from eigtrain.schema import objective_schema
-from tests.objectives.test_objectives_distributed import CASES, DIM, WORLD, _data, _free_port, _model, _Pair
-from tests.support.runs import check, losses, overrides, torchrun
+from tests.objectives.test_objectives_distributed import CASES, DIM, WORLD, _data, _model, _Pair
+from tests.support.runs import check, free_port, losses, overrides, torchrun
 
 # Per-rank batches: equal, and ragged (a short last batch; even, as split-batch objectives need).
 SIZES = {"equal": [8, 8], "ragged": [8, 6]}
@@ -53,7 +53,7 @@ def _worker(rank, port, out_dir):
 
 @pytest.mark.slow
 def test_every_route_gives_the_single_process_loss_and_gradients(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     x, a = _data()
     i = 0

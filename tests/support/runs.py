@@ -56,11 +56,16 @@ def assert_same_final_weights(run_a, run_b):
     assert not different, f"tensors differ (not bit-identical): {different[:5]}"
 
 
-def torchrun(tmp_path, target, *args, timeout=300):
-    """`target` (a module or script and its arguments) on 2 CPU processes under torchrun."""
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (a rendezvous port, or one to find closed)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def torchrun(tmp_path, target, *args, timeout=300):
+    """`target` (a module or script and its arguments) on 2 CPU processes under torchrun."""
+    port = free_port()
     launcher = [
         "-m",
         "torch.distributed.run",

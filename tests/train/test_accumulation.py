@@ -6,7 +6,6 @@ micro-batch is normalized by its own statistics): the losses differ and the trai
 import copy
 import logging
 import os
-import socket
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from eigtrain.engine import chunks
 from eigtrain.engine.base import LossFn, accumulated_backward, accumulation_caveat
 from eigtrain.engine.ddp import DDPEngine
 from eigtrain.objectives import build_objective
-from tests.support.runs import overrides
+from tests.support.runs import free_port, overrides
 
 IN_DIM, DIM, LOCAL_BATCH, WORLD, ACCUM = 5, 6, 16, 2, 4
 SGD = {"name": "sgd", "lr": 1.0, "momentum": 0.0, "weight_decay": 0.0}  # lr 1: the update is minus the gradient
@@ -90,15 +89,9 @@ def _worker(rank, port, out_dir):
     dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_accumulation_1_and_4_give_the_same_loss_and_gradients_on_two_processes(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     for rank in range(WORLD):
         results = torch.load(tmp_path / f"rank{rank}.pt")
         for (name, kwargs, nesting), (one, four) in zip(CASES, results):
@@ -258,7 +251,7 @@ def _deepspeed_worker(rank, port, out_dir):
 @pytest.mark.slow
 def test_deepspeed_accumulation_1_and_4_give_the_same_loss_and_update(tmp_path):
     """DeepSpeed's own accumulation boundary, with each micro-batch's exact share (no 1/accumulation scaling)."""
-    mp.spawn(_deepspeed_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_deepspeed_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     results = torch.load(tmp_path / "ds0.pt")
     for i, case in enumerate(DS_CASES):
         (loss1, update1), (loss4, update4) = results[2 * i], results[2 * i + 1]
