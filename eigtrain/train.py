@@ -94,7 +94,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     device = dist.select_device(env, cfg.device)  # the one place that binds this rank's GPU
     dist.init_distributed(env, backend="nccl" if device.type == "cuda" else "gloo", timeout_s=cfg.dist_timeout_s)
     if device.type == "cuda":
-        enable_cuda_fast_paths()  # TF32 + cuDNN autotuning (the objective keeps IEEE fp32)
+        enable_cuda_fast_paths(cfg.engine.deterministic)  # TF32 + cuDNN autotuning (the objective keeps IEEE fp32)
     # Only the multi-process group made here is destroyed at the end; the one-process group the DeepSpeed
     # engine makes for itself stays (DeepSpeed caches its groups for the life of the process).
     owns_group = torch.distributed.is_initialized() and not had_group

@@ -358,16 +358,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         made: dict = {}
 
-        def shards_of(fmt: str, size: int):  # written on first use only
-            key = (fmt, size)
+        def shards_of(fmt: str, size: int, batch: int):  # written on first use only
+            # the loader wants one whole batch per worker at least (H200, 2026-11-26: 2,048 images were too few
+            # for ResNet-18 b512 with 8 workers)
+            count = max(images, batch * max(workers, 1))
+            key = (fmt, size, count)
             if key not in made:
                 made[key] = write_image_shards(
-                    Path(tmp) / f"{fmt}{size}", size, images, "jpg" if fmt == "jpeg" else fmt
+                    Path(tmp) / f"{fmt}{size}-{count}", size, count, "jpg" if fmt == "jpeg" else fmt
                 )
             return made[key]
 
         for model, size, batch in cases:
-            shards = {fmt: (lambda fmt=fmt, size=size: shards_of(fmt, size)) for fmt in ("jpeg", "png")}
+            shards = {
+                fmt: (lambda fmt=fmt, size=size, batch=batch: shards_of(fmt, size, batch)) for fmt in ("jpeg", "png")
+            }
             try:
                 bench_case(
                     model,

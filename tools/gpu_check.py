@@ -125,8 +125,8 @@ def cuda_steps(py: str, runs: Path, logs: Path) -> list[Step]:
             "d_stop_resume_fp32_bitwise",
             2,
             75,
-            "stop after 2 steps, resume to 4: fp32 losses bit-identical",
-            [*me, "--impl", "resume", str(runs), "cuda", "fp32", "0"],
+            "stop after 2 steps, resume to 4 with engine.deterministic=true: fp32 losses bit-identical",
+            [*me, "--impl", "resume", str(runs), "cuda", "fp32", "0", "engine.deterministic=true"],
         ),
         Step(
             "d_stop_resume_bf16",

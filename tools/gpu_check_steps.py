@@ -45,10 +45,12 @@ def losses(run_dir: Path) -> list[tuple[int, float]]:
     return [(m["step"], m["loss"]) for m in read_metrics(run_dir)]
 
 
-def resume(runs: str, device: str, precision: str, rtol: str) -> int:
-    """Stop after 2 steps and resume to 4 (2 accumulation steps each: the exact path); compare with one run."""
+def resume(runs: str, device: str, precision: str, rtol: str, *extra: str) -> int:
+    """Stop after 2 steps and resume to 4 (2 accumulation steps each: the exact path); compare with one run.
+    extra: more overrides for all three runs (engine.deterministic=true for the bit-identical check on CUDA)."""
     runs_dir, tol = Path(runs), float(rtol)
     args = [f"device={device}", f"engine.precision={precision}", "steps=4", "checkpoint_every=2", "micro_batch_size=32"]
+    args += list(extra)
     ref, resumed = runs_dir / f"resume_{device}_{precision}_ref", runs_dir / f"resume_{device}_{precision}"
     train(runs_dir, *args, f"run_dir={ref}")
     train(runs_dir, *args, "stop_after=2", f"run_dir={resumed}")

@@ -61,9 +61,10 @@ class DeepSpeedEngine:
         self.device = device
         self.autocast_dtype = resolve_precision(precision, device)
         model.to(device)
-        self.channels_last = channels_last  # the trainer hands the views over in the same layout
-        if channels_last:
-            model.to(memory_format=torch.channels_last)
+        # The trainer hands the views over in channels_last, which alone selects cuDNN's NHWC kernels; the
+        # parameters stay contiguous, since DeepSpeed broadcasts each one as a byte view (`p.data.view(uint8)`
+        # fails on a channels_last weight: first seen on an H200) and ZeRO flattens them anyway.
+        self.channels_last = channels_last
         config = {
             "train_micro_batch_size_per_gpu": micro_batch_size,
             "gradient_accumulation_steps": grad_accum_steps,

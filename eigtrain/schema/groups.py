@@ -75,6 +75,7 @@ class EngineConfig:
     precision: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16; the objective is always fp32
     compile: bool = False  # torch.compile the encoder
     channels_last: Optional[bool] = None  # null: on for convolutional backbones on CUDA (engine.base.use_channels_last)
+    deterministic: bool = False  # CUDA: cuDNN's deterministic kernels, no autotuning; needed for bit-identical resume
     zero_stage: Optional[int] = None  # deepspeed only: ZeRO stage 1 | 2 | 3
     config: Dict[str, Any] = field(default_factory=dict)  # deepspeed only: merged into the generated config
 

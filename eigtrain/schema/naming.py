@@ -30,6 +30,7 @@ NOT_RESULT_KEYS = (
     "cpu_threads",
     "engine.compile",
     "engine.channels_last",  # speed, not the result
+    "engine.deterministic",  # reproducibility to the last bit, not what is trained
     "data.num_workers",
     "data.pin_memory",
     "data.prefetch_factor",

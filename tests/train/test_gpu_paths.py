@@ -102,6 +102,36 @@ def test_tf32_flags_stay_readable_for_inductor():
         torch.backends.cudnn.benchmark = saved[1]
 
 
+def test_deterministic_turns_autotuning_off_and_back_on(monkeypatch):
+    """engine.deterministic=true: a resumed process must pick the same kernels as the uninterrupted one (with
+    autotuning an H200 resumed fp32 losses 1.8e-5 off); the flag reaches the trainer's CUDA set-up."""
+    from eigtrain.train import compose_config
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    saved = (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    try:
+        enable_cuda_fast_paths(deterministic=True)
+        assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        import os
+
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        enable_cuda_fast_paths()
+        assert torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
+    finally:
+        torch.set_float32_matmul_precision(saved[0])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[1], saved[2]
+        torch.use_deterministic_algorithms(saved[3], warn_only=saved[4])
+    assert compose_config(["experiment=cpu_debug", "run_dir=x"]).engine.deterministic is False
+    assert compose_config(["experiment=cpu_debug", "run_dir=x", "engine.deterministic=true"]).engine.deterministic
+
+
 # ---------------------------------------------------------------------------------------------- guarded step
 
 
@@ -270,6 +300,17 @@ def test_deepspeed_skips_a_nonfinite_loss_whatever_its_overflow_check(digits_roo
     out = run_cli(["-c", DEEPSPEED_WITHOUT_OVERFLOW_CHECK, str(run_dir), *args], REPO)  # DeepSpeed keeps its group
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.split("RESULT", 1)[1]) == {"skipped": 1, "params_unchanged": True}
+
+
+@pytest.mark.slow
+def test_deepspeed_trains_a_channels_last_encoder(digits_root, tmp_path):
+    """engine.channels_last=true (the default for ResNets on CUDA) under DeepSpeed: its start-up broadcast of
+    every parameter as a byte view failed on channels_last weights (H200, 2026-11-26); the CPU takes the same path."""
+    run_dir = tmp_path / "run"
+    args = overrides(run_dir, digits_root, "engine=deepspeed", "engine.channels_last=true", "steps=2")
+    out = run_cli(["-m", "eigtrain.train", *args], REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (run_dir / "model.safetensors").is_file()
 
 
 # ---------------------------------------------------------------------------------------------- eigtrain-rr
