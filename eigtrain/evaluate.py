@@ -221,6 +221,7 @@ def evaluate(cfg) -> tuple[dict, dict]:
             embed_split(run, s, device=device) for s in (cfg.train_split, cfg.test_split)
         )
         nested, out = run.cfg.nesting.mode != "none", Path(cfg.out or run.run_dir / "eval")
+        sources = {**sources, "input": run.output}
     train, test = {"raw": train_z}, {"raw": test_z}
     rr_dir = cfg.rr or (Path(cfg.run_dir) / "rr" if cfg.run_dir else None)
     if rr_dir and (Path(rr_dir) / "rr.safetensors").exists():
@@ -229,6 +230,12 @@ def evaluate(cfg) -> tuple[dict, dict]:
             raise ValueError(
                 f"the Rayleigh-Ritz export {rr_dir} was fitted on {head.transform.shape[0]}-dimensional "
                 f"embeddings; this run's encoder gives {train_z.shape[1]} (rr= must be this run's export)"
+            )
+        if cfg.run_dir and head.l2_normalize != (run.output == "l2_normalized"):  # e.g. an export made before
+            raise ValueError(  # Rayleigh-Ritz worked on what the objective saw: its features would be wrong
+                f"the Rayleigh-Ritz export {rr_dir} was solved on {'l2-normalized' if head.l2_normalize else 'raw'} "
+                f"embeddings, but this run's objective sees {run.output.replace('_', '-')} ones: run eigtrain-rr "
+                f"again (overwrite=true)"
             )
         train["rr"], test["rr"] = head(train_z.double()).float(), head(test_z.double()).float()
         if "paper_transform" in safe_open(str(Path(rr_dir) / "rr.safetensors"), "pt").keys():  # both conventions

@@ -11,8 +11,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.nn import functional as F
 
 from .rayleigh_ritz import IN_SPAN_TOL, RRResult, spectral_k_report
 from .redact import redact_config
@@ -23,6 +25,7 @@ DECAY_PLOT = "eigenvalues.png"
 EXPORT_FILES = (TENSORS, MANIFEST, DECAY_PLOT)
 EXPORT_FORMAT = "eigtrain-rr-export-v1"  # manifest["format"]: the positive mark of a directory eigtrain-rr wrote
 _LEGACY_KEYS = {"source", "n", "mode", "dim", "num_features", "tensors"}  # manifests written before the mark
+INPUTS = ("raw", "l2_normalized")  # what the head is applied to: source["input"] (eigtrain.embed.objective_view)
 
 
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -116,9 +119,13 @@ def _write_export(result: RRResult, out: Path, source: dict, plot: bool) -> None
     if result.right_transform is not None:
         tensors.update(right_transform=result.right_transform, right_mean=result.right_mean)
     tensors.update(_trivial_tensors(result))
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(out / TENSORS))
+    head_input = source.get("input", "raw")
+    if head_input not in INPUTS:
+        raise ValueError(f"source input={head_input!r} is unknown; allowed: {', '.join(INPUTS)}")
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(out / TENSORS), {"input": head_input})
     manifest = {
         "format": EXPORT_FORMAT,
+        "input": head_input,
         "source": redact_config(source),
         "n": result.n,
         "mode": result.mode,
@@ -182,19 +189,26 @@ def plot_decay(eigenvalues: torch.Tensor, path: str | os.PathLike, title: str = 
 
 
 class OrderedHead(nn.Module):
-    """z -> (z - mean) @ transform[:, :k]: the first k ordered features, for any k."""
+    """z -> (z - mean) @ transform[:, :k]: the first k ordered features, for any k. l2_normalize: the export was
+    solved on z / ||z|| (a run whose objective normalizes, e.g. SCL): the head normalizes z first (idempotent)."""
 
-    def __init__(self, transform: torch.Tensor, mean: torch.Tensor, eigenvalues: torch.Tensor):
+    def __init__(
+        self, transform: torch.Tensor, mean: torch.Tensor, eigenvalues: torch.Tensor, l2_normalize: bool = False
+    ):
         super().__init__()
         self.register_buffer("transform", transform)
         self.register_buffer("mean", mean)
         self.register_buffer("eigenvalues", eigenvalues)
+        self.l2_normalize = l2_normalize
 
     def forward(self, z: torch.Tensor, k: int | None = None) -> torch.Tensor:
         if k is not None and not 1 <= k <= self.transform.shape[1]:
             raise ValueError(f"k={k} must lie in 1..{self.transform.shape[1]}")
         t = self.transform[:, :k]
-        return (z.to(t.dtype) - self.mean) @ t
+        z = z.to(t.dtype)
+        if self.l2_normalize:
+            z = F.normalize(z, dim=-1)
+        return (z - self.mean) @ t
 
 
 def load_head(
@@ -207,6 +221,8 @@ def load_head(
     if not file.exists():
         raise FileNotFoundError(f"no Rayleigh-Ritz export at {file}")
     t = load_file(str(file))
+    with safe_open(str(file), "pt") as f:  # exports before the input was recorded: raw
+        normalized = (f.metadata() or {}).get("input", "raw") == "l2_normalized"
     if convention == "paper":
         if "paper_transform" not in t:
             raise ValueError(f"{file} holds no paper-convention tensors (it was exported with trivial=keep)")
@@ -216,5 +232,7 @@ def load_head(
     if side == "right":
         if "right_transform" not in t:
             raise ValueError(f"{file} has no right-side tensors (it was not exported in svd mode)")
-        return OrderedHead(t["right_transform"].to(dtype), t["right_mean"].to(dtype), t["eigenvalues"].to(dtype))
-    return OrderedHead(t["transform"].to(dtype), t["mean"].to(dtype), t["eigenvalues"].to(dtype))
+        return OrderedHead(
+            t["right_transform"].to(dtype), t["right_mean"].to(dtype), t["eigenvalues"].to(dtype), normalized
+        )
+    return OrderedHead(t["transform"].to(dtype), t["mean"].to(dtype), t["eigenvalues"].to(dtype), normalized)

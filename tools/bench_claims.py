@@ -1,7 +1,8 @@
 """Issue 22 item 5 (partial): the paper's image-level claims on digits — RR (both conventions), JN, PCA, FF at
 k in {4, 8, 16}, RS — for SCL and VICReg (paper form), and the eigenvalue decay of each export.
 
-    python tools/bench_claims.py STEPS SEED [SEED ...] [OBJECTIVE ...]  # -> benchmarks/claims/<objective>-seed<S>/
+    python tools/bench_claims.py STEPS SEED [SEED ...] [VARIANT ...]  # -> benchmarks/claims/<variant>-seed<S>/
+                                            # VARIANT: scl (default), scl_constant_none, vicreg_paper (default)
 
 Each cell trains the quickstart recipe (tiny CNN, digits, dim 32, joint nesting) for STEPS steps, fixed-size
 encoders (nesting=none) at 4, 8, 16, runs eigtrain-rr (trivial mode excluded; the paper's convention rides
@@ -18,6 +19,12 @@ from eigtrain.evaluate import EvalConfig, evaluate
 from eigtrain.rr_job import main as rr_main
 from eigtrain.train import compose_config, run
 
+# each row of the table: its training overrides (scl_constant_none: SCL before the constant was held outside)
+VARIANTS = {
+    "scl": ("objective=scl",),
+    "scl_constant_none": ("objective=scl", "objective.constant_mode=none"),
+    "vicreg_paper": ("objective=vicreg_paper",),
+}
 OBJECTIVES = ("scl", "vicreg_paper")
 FF_DIMS = (4, 8, 16)
 OUT = Path("benchmarks/claims")
@@ -33,7 +40,7 @@ def train(run_dir: Path, steps: int, seed: int, objective: str, *extra: str) -> 
                 f"steps={steps}",
                 f"checkpoint_every={steps}",
                 f"seed={seed}",
-                f"objective={objective}",
+                *VARIANTS[objective],
                 "cpu_threads=1",
                 "logging.progress=false",
                 "logging.wandb.mode=disabled",
@@ -74,6 +81,9 @@ def cell(steps: int, seed: int, objective: str) -> None:
 if __name__ == "__main__":
     steps, *seeds = (int(a) for a in sys.argv[1:] if a.isdigit())
     chosen = [a for a in sys.argv[2:] if not a.isdigit()] or OBJECTIVES
+    unknown = sorted(set(chosen) - set(VARIANTS))
+    if unknown:
+        sys.exit(f"bench_claims: unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     for seed in seeds:
         for objective in chosen:
             cell(steps, seed, objective)
