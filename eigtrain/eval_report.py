@@ -24,11 +24,7 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     )
     lines = [f"### {title or 'Linear probe accuracy (%) by representation size'}", "", f"Probe: {probe_note}.", ""]
     if report.get("data"):
-        seen = (
-            " Embeddings l2-normalized, as the objective saw them."
-            if report["data"].get("input") == "l2_normalized"
-            else ""
-        )
+        seen = " Embeddings l2-normalized, as the objective saw them." if report.get("input") == "l2_normalized" else ""
         lines += [f"Data: fitted on {report['data']['train']}; scored on {report['data']['test']}.{seen}", ""]
     lines.append("| Methods \\ Dims | " + " | ".join(str(k) for k in dims) + " |")
     lines.append("|---|" + "---|" * len(dims))

@@ -221,7 +221,6 @@ def evaluate(cfg) -> tuple[dict, dict]:
             embed_split(run, s, device=device) for s in (cfg.train_split, cfg.test_split)
         )
         nested, out = run.cfg.nesting.mode != "none", Path(cfg.out or run.run_dir / "eval")
-        sources = {**sources, "input": run.output}
     train, test = {"raw": train_z}, {"raw": test_z}
     rr_dir = cfg.rr or (Path(cfg.run_dir) / "rr" if cfg.run_dir else None)
     if rr_dir and (Path(rr_dir) / "rr.safetensors").exists():
@@ -267,6 +266,7 @@ def evaluate(cfg) -> tuple[dict, dict]:
         retrieval_draws=cfg.retrieval_draws,
     )
     report["data"] = sources  # which data each split came from (URLs without credentials)
+    report["input"] = run.output if cfg.run_dir else "features"  # embeddings as the objective saw them, or a file's
     if "rr" in train:  # the k the export's spectrum suggests, beside the k the probes measured
         report["spectrum"] = spectrum_report(head.eigenvalues, dims, report["smallest_k"].get("RR", {}))
     title = f"Accuracy (%) by representation size — {Path(cfg.run_dir or cfg.features).name}"
