@@ -25,7 +25,7 @@ def test_readme_headline_is_the_claims_table(monkeypatch):
 
 def test_readme_prose_beside_the_table_says_what_the_reports_hold(monkeypatch):
     """The sentences under the table: 4 random coordinates lose about 35 points against the first 4 ordered ones,
-    Rayleigh-Ritz is about 2 points behind PCA and joint nesting at k = 4, and SCL's spectrum is flat."""
+    Rayleigh-Ritz is about 2 points behind PCA and 1 behind joint nesting at k = 4, and SCL's spectrum is flat."""
     monkeypatch.chdir(ROOT)
     claims = _claims_table()
     reports = claims.load()["scl"].values()
@@ -36,7 +36,7 @@ def test_readme_prose_beside_the_table_says_what_the_reports_hold(monkeypatch):
     readme = (ROOT / "README.md").read_text()
     assert "4 arbitrary coordinates lose about 35 points" in readme
     assert 30 <= min(mean("RR"), mean("JN")) - mean("RS") <= 40
-    assert "At k = 4 Rayleigh–Ritz is 2 points behind PCA" in readme
-    assert 1.5 <= mean("PCA") - mean("RR") <= 2.5 and mean("JN") > mean("RR")
-    assert "λ₁₆/λ₁ ≈ 0.79" in readme
-    assert all(0.77 <= e["eigenvalues"][15] / e["eigenvalues"][0] <= 0.81 for _, e in reports)
+    assert "At k = 4 Rayleigh–Ritz is about 2 points behind PCA\nand 1 behind joint nesting" in readme
+    assert 1.5 <= mean("PCA") - mean("RR") <= 2.5 and 0.5 <= mean("JN") - mean("RR") <= 1.5
+    assert "λ₁₆/λ₁ ≈ 0.78" in readme
+    assert all(0.76 <= e["eigenvalues"][15] / e["eigenvalues"][0] <= 0.80 for _, e in reports)
