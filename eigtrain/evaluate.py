@@ -203,6 +203,11 @@ def evaluate(cfg) -> tuple[dict, dict]:
 
     if bool(cfg.run_dir) == bool(cfg.features):
         raise ValueError("give exactly one of run_dir= or features=")
+    if cfg.run_dir and cfg.train_split == cfg.test_split:  # a training accuracy is not the held-out score asked for
+        raise ValueError(
+            f"train_split and test_split are both {cfg.test_split!r}: the probes would be scored on the samples they "
+            f"were fitted on; choose another test_split (a run on data.shards: split 'val' with data.val_shards)"
+        )
     if cfg.out:  # before any work (write_report checks again): never write into a directory of someone else's
         check_output_dir(cfg.out, EVAL_ENTRIES, "out")
     device = str(select_device(resolve_env(), cfg.device))  # this task's GPU, bound as the trainer binds it

@@ -107,3 +107,15 @@ def test_eval_command_on_stored_features_with_retrieval_options(tmp_path, capsys
     capsys.readouterr()
     assert eval_main([*args, "retrieval=annoy"]) == 2
     assert "backend='annoy' is unknown" in capsys.readouterr().err
+
+
+def test_eval_refuses_to_score_probes_on_the_split_they_are_fitted_on(tmp_path, capsys):
+    """test_split=train with train_split=train would print training accuracy as if it were held out: one line, no
+    work, nothing written."""
+    from eigtrain.evaluate import main as eval_main
+
+    out = tmp_path / "ev"
+    assert eval_main([f"run_dir={tmp_path / 'run'}", "test_split=train", f"out={out}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "train_split and test_split are both 'train'" in err
+    assert not out.exists()
