@@ -23,6 +23,7 @@ from .export import file_sha256, files_sha256
 from .models.encoder import PairEncoder
 from .rayleigh_ritz import RRAccumulator
 from .redact import saved_value_usable
+from .schema import typed_option
 
 
 @dataclass
@@ -57,7 +58,8 @@ def objective_view(encoder: nn.Module, cfg: DictConfig) -> tuple[nn.Module, str]
     normalized outputs, not of the raw ones: Rayleigh-Ritz and the evaluation work there (prefix: the whole
     vector's norm). On the quickstart's SCL runs this moved Rayleigh-Ritz at k = 4 from 81.5 to 83.7 % (3 runs x
     5 augmentation draws; PCA 84.3)."""
-    if OmegaConf.select(cfg, "objective.normalize", default="none") in ("none", False, None):
+    normalize = vars(typed_option("objective", cfg.objective)).get("normalize")  # the LoRA family has the key
+    if normalize in ("none", False, None):
         return encoder, "raw"
     if isinstance(encoder, PairEncoder):
         encoder.phi, encoder.psi = L2Normalized(encoder.phi), L2Normalized(encoder.psi)

@@ -27,13 +27,14 @@ def _solved(z1, z2):
 def test_objective_view_normalizes_only_for_a_normalizing_objective():
     encoder = nn.Linear(3, 4)
     x = torch.randn(5, 3)
-    for normalize in ("full", "prefix", True):
-        view, kind = objective_view(encoder, OmegaConf.create({"objective": {"normalize": normalize}}))
+    for name, normalize in (("scl", "full"), ("scl", "prefix"), ("lora", "full")):
+        cfg = OmegaConf.create({"objective": {"name": name, "normalize": normalize}})
+        view, kind = objective_view(encoder, cfg)
         assert kind == "l2_normalized" and torch.allclose(view(x), F.normalize(encoder(x), dim=1))
-    for cfg in ({"objective": {"normalize": "none"}}, {"objective": {"name": "vicreg"}}):
-        assert objective_view(encoder, OmegaConf.create(cfg)) == (encoder, "raw")
+    for objective in ({"name": "scl", "normalize": "none"}, {"name": "lora"}, {"name": "vicreg"}, {"name": "rq"}):
+        assert objective_view(encoder, OmegaConf.create({"objective": objective})) == (encoder, "raw")
     pair = PairEncoder(nn.Linear(3, 4), nn.Linear(3, 4))
-    view, kind = objective_view(pair, OmegaConf.create({"objective": {"normalize": "full"}}))
+    view, kind = objective_view(pair, OmegaConf.create({"objective": {"name": "lora", "normalize": "full"}}))
     assert kind == "l2_normalized" and isinstance(view.phi, L2Normalized) and isinstance(view.psi, L2Normalized)
     z1, z2 = view(x, x)
     assert torch.allclose(z1.norm(dim=1), torch.ones(5)) and torch.allclose(z2.norm(dim=1), torch.ones(5))
