@@ -164,6 +164,12 @@ def autocast(device) -> torch.autocast:
     return torch.autocast(kind, dtype=torch.bfloat16, enabled=kind == "cuda")
 
 
+def key_halves(keys: list[str]) -> torch.Tensor:
+    """Each sample's half for `prefix_reproducibility`: a bit of its key's hash, so the halves are the same
+    whatever the ranks and workers."""
+    return torch.tensor([hashlib.sha256(key.encode()).digest()[0] & 1 for key in keys], dtype=torch.bool)
+
+
 @torch.no_grad()
 def reduce_views(encode, stream: ShardStream, augment, acc: RRAccumulator, device, seed: int = 0) -> RRAccumulator:
     """Accumulate (encode(view 1), encode(view 2)) over every batch of a one-pass stream, float64."""
@@ -176,7 +182,7 @@ def reduce_views(encode, stream: ShardStream, augment, acc: RRAccumulator, devic
         )
         with autocast(device):
             z = encode(torch.cat([v1, v2]))
-        acc.update(*z.float().chunk(2))
+        acc.update(*z.float().chunk(2), half=key_halves(batch["key"]))
     return acc
 
 
@@ -190,12 +196,14 @@ def reduce_pairs(
     world: int,
     device: str = "cpu",
     seed: int = 0,
+    halves: bool = False,
 ) -> tuple[RRAccumulator, int]:
-    """Accumulate (Psi(a), Psi(a+)) over augmented views (or (Phi(x), Psi(a)) for pairs) of this rank's share."""
+    """Accumulate (Psi(a), Psi(a+)) over augmented views (or (Phi(x), Psi(a)) for pairs) of this rank's share;
+    halves: also per half of the samples (`key_halves`)."""
     data = run.cfg.data
     stream = _stream(run, split, batch_size, num_workers, rank, world, device)
     augment = build_augment(data.augment, image_size=data.view_size, **normalization(data)).to(device)
-    acc = RRAccumulator(run.cfg.dim, pairs=run.pairs, device=device)
+    acc = RRAccumulator(run.cfg.dim, pairs=run.pairs, device=device, halves=halves and not run.pairs)
     if not run.pairs:
         return reduce_views(run.encoder, stream, augment, acc, device, seed), stream.num_samples
     for batch in stream:
@@ -205,7 +213,7 @@ def reduce_pairs(
         a = augment.view(a, generator, 1) if a.dtype == torch.uint8 else a
         with autocast(device):
             z1, z2 = run.encoder(x, a)
-        acc.update(z1.float(), z2.float())
+        acc.update(z1.float(), z2.float(), half=key_halves(batch["key"]))
     return acc, stream.num_samples
 
 
@@ -235,7 +243,7 @@ def reduce_encoder(cfg, env, pairs: bool, device):
             f"mode={cfg.mode!r} does not fit this run: use mode=svd for a pairs run (two encoders), another mode for views"
         )
     acc, expected = reduce_pairs(
-        run, cfg.split, cfg.batch_size, cfg.num_workers, env.rank, env.world_size, device, cfg.seed
+        run, cfg.split, cfg.batch_size, cfg.num_workers, env.rank, env.world_size, device, cfg.seed, cfg.halves
     )
     source = {
         "kind": "checkpoint",
@@ -274,7 +282,7 @@ def reduce_external(cfg, env, device):
         data.augment, image_size=view_size, mean=tuple(data.mean or mean), std=tuple(data.std or std)
     ).to(device)
     encode = lambda x: check_embedding(model(x), spec, len(x))  # noqa: E731
-    acc = reduce_views(encode, stream, augment, RRAccumulator(dim, device=device), device, cfg.seed)
+    acc = reduce_views(encode, stream, augment, RRAccumulator(dim, device=device, halves=cfg.halves), device, cfg.seed)
     weights = cfg.encoder.checkpoint
     source = {
         "kind": "encoder",

@@ -165,7 +165,12 @@ def rr_manifest(result: RRResult) -> dict:
     if result.trivial is not None:
         trivial.update({k: v for k, v in result.trivial.items() if not isinstance(v, torch.Tensor)})
         trivial["in_span"] = result.trivial["residual"] <= IN_SPAN_TOL
-    return {"trivial": trivial, "dimensions": result.dims, "spectral_k": spectral_k_report(result.eigenvalues)}
+    return {
+        "trivial": trivial,
+        "dimensions": result.dims,
+        "spectral_k": spectral_k_report(result.eigenvalues),
+        "reproducibility": result.extra.get("reproducibility"),  # {k: agreement of two halves} (rr_reproducibility)
+    }
 
 
 def plot_decay(eigenvalues: torch.Tensor, path: str | os.PathLike, title: str = "") -> None:

@@ -38,7 +38,7 @@ F64 = torch.float64
 class RRAccumulator:
     """Streaming float64 statistics of pairs: count, means, centered co-moment sums."""
 
-    def __init__(self, dim: int, pairs: bool = False, dim_right: int | None = None, device="cpu"):
+    def __init__(self, dim: int, pairs: bool = False, dim_right: int | None = None, device="cpu", halves=False):
         if dim_right is not None and not pairs:
             raise ValueError("dim_right is only meaningful for pairs=True (two encoders)")
         self.dim, self.pairs = dim, pairs
@@ -50,11 +50,15 @@ class RRAccumulator:
         self.n = 0
         self.mean_f, self.mean_g = zeros(d), zeros(e)
         self.c_ff, self.c_gg, self.c_fg = zeros(d, d), zeros(e, e), zeros(d, e)
+        # halves: the same statistics of two disjoint halves of the rows (`prefix_reproducibility`); every
+        # update then says which half each row belongs to, by something that does not depend on the ranks
+        self.halves = tuple(RRAccumulator(dim, pairs, dim_right, device) for _ in range(2)) if halves else None
 
     # -- accumulation ---------------------------------------------------------------------
     @torch.no_grad()
-    def update(self, z1: torch.Tensor, z2: torch.Tensor) -> None:
-        """Add a batch of pairs: z1 (first view or x side), z2 (second view or a side)."""
+    def update(self, z1: torch.Tensor, z2: torch.Tensor, half: torch.Tensor | None = None) -> None:
+        """Add a batch of pairs: z1 (first view or x side), z2 (second view or a side); half: each row's half
+        (bool, True = the second) when the accumulator keeps halves."""
         if z1.ndim != 2 or z1.shape[1] != self.dim or z2.ndim != 2 or z2.shape[1] != self.dim_right:
             raise ValueError(
                 f"expected z1 (batch, {self.dim}) and z2 (batch, {self.dim_right}), got "
@@ -70,6 +74,12 @@ class RRAccumulator:
         mf, mg = f.mean(0), g.mean(0)
         fc, gc = f - mf, g - mg
         self._merge(len(f), mf, mg, fc.T @ fc, gc.T @ gc, fc.T @ gc)
+        if self.halves is not None:
+            if half is None or len(half) != len(f):
+                raise ValueError("an accumulator that keeps halves needs each row's half")
+            half = half.to(f.device, torch.bool)
+            for rows, acc in zip((~half, half), self.halves):
+                acc.update(f[rows], g[rows])
 
     def merge(self, other: "RRAccumulator") -> None:
         """Fold another accumulator in (exact: the same result as one pass over both streams)."""
@@ -77,6 +87,11 @@ class RRAccumulator:
             raise ValueError("cannot merge accumulators of different shapes or modes")
         dev = self.c_ff.device
         self._merge(other.n, *(t.to(dev) for t in (other.mean_f, other.mean_g, other.c_ff, other.c_gg, other.c_fg)))
+        if self.halves is not None and other.halves is not None:
+            for mine, theirs in zip(self.halves, other.halves):
+                mine.merge(theirs)
+        elif self.halves is not None:
+            self.halves = None  # the other part's rows have no halves: the halves would not cover the data
 
     def _merge(self, nb, mf, mg, cff, cgg, cfg) -> None:
         na, n = self.n, self.n + nb
@@ -98,6 +113,8 @@ class RRAccumulator:
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
             return
+        for half in self.halves or ():
+            half.all_reduce(group)
         # 1) global count and mean; 2) co-moments shifted to the global mean, summed.
         head = torch.cat([self.c_ff.new_tensor([float(self.n)]), self.n * self.mean_f, self.n * self.mean_g])
         dist.all_reduce(head, group=group)

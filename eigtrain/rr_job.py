@@ -31,8 +31,10 @@ from . import embedding_files
 from .cli import compose_dataclass
 from .data.augment import PRESETS
 from .export import check_export_target, file_sha256, files_sha256, rr_manifest, save_export
+from .probes import dims_for
 from .rayleigh_ritz import MODES, TRIVIAL, RRAccumulator, solve
 from .redact import redact_url
+from .rr_reproducibility import prefix_reproducibility
 
 
 @dataclass
@@ -78,6 +80,7 @@ class RRJobConfig:
     center: bool = False
     ridge: float = 0.0  # > 0: regularize the Gram (every dimension kept) instead of solving on its numerical range
     rank_rtol: float = 1e-10  # the numerical range: Gram eigenvalues above rank_rtol * the largest
+    halves: bool = True  # also solve on two halves of the data: how far each prefix is determined (3x the moments)
     split: str = "train"
     batch_size: int = 512
     num_workers: int = 2
@@ -132,18 +135,20 @@ def parse_args(argv: list[str]) -> RRJobConfig:
     return compose_dataclass(RRJobConfig, argv).validate()
 
 
-def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, block: int = 65536):
+def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, block: int = 65536, halves=False):
     """Accumulate this rank's contiguous share of the rows of stored pairs z1, z2 (an npz, a safetensors file or
-    a directory of chunks, streamed); returns (acc, total rows)."""
+    a directory of chunks, streamed); returns (acc, total rows). halves: also per half (by the global row's parity)."""
     chunks = embedding_files.open_chunks(path)
     d1, d2 = embedding_files.widths(chunks)
     if not pairs and d1 != d2:
         raise ValueError(
             f"{path}: z1 and z2 have widths {d1} and {d2}; one-encoder modes need equal widths, use mode=svd for two encoders"
         )
-    acc = RRAccumulator(d1, pairs=pairs, dim_right=d2 if pairs else None)
+    acc = RRAccumulator(d1, pairs=pairs, dim_right=d2 if pairs else None, halves=halves and not pairs)
+    row = embedding_files.total_rows(chunks) * rank // world  # the first of this rank's rows (iter_blocks' share)
     for z1, z2 in embedding_files.iter_blocks(chunks, rank, world, block):
-        acc.update(torch.from_numpy(z1), torch.from_numpy(z2))
+        acc.update(torch.from_numpy(z1), torch.from_numpy(z2), half=torch.arange(row, row + len(z1)) % 2 == 1)
+        row += len(z1)
     return acc, embedding_files.total_rows(chunks)
 
 
@@ -167,6 +172,15 @@ def dimensions_line(dims: dict) -> str:
     return "eigtrain-rr: " + "; ".join(parts)
 
 
+def reproducibility_line(overlaps: dict[int, float]) -> str:
+    """One line on which prefixes two halves of the data agree on (docs/export.md)."""
+    cells = ", ".join(f"k={k} {v:.2f}" for k, v in overlaps.items())
+    return (
+        f"eigtrain-rr: first-k features solved on two halves of the data agree (1 = the same k features): {cells}; "
+        f"a k well below 1 cuts inside a group of near-equal eigenvalues"
+    )
+
+
 def select_device(cfg: RRJobConfig, env) -> torch.device:
     """cfg.device, with `auto` = this rank's GPU when there is one (bound as the trainer binds it)."""
     return edist.select_device(env, cfg.device)
@@ -181,7 +195,7 @@ def run(cfg: RRJobConfig) -> dict:
     if cfg.out or cfg.run_dir:  # before any work: never replace what eigtrain-rr did not write
         check_export_target(Path(cfg.out or Path(cfg.run_dir) / "rr"), cfg.overwrite)
     if cfg.embeddings:
-        acc, expected = reduce_embeddings(cfg.embeddings, pairs, env.rank, env.world_size)
+        acc, expected = reduce_embeddings(cfg.embeddings, pairs, env.rank, env.world_size, halves=cfg.halves)
         path = Path(cfg.embeddings)
         source = {
             "kind": "embeddings",
@@ -205,6 +219,10 @@ def run(cfg: RRJobConfig) -> dict:
             f"Rayleigh-Ritz saw {acc.n} samples but the source holds {expected}: samples were lost or duplicated"
         )
     result = solve_both_conventions(acc, cfg)
+    kwargs = dict(center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol, trivial=cfg.trivial)
+    width = result.transform.shape[1]
+    dims = sorted({*range(1, min(width, 8) + 1), *dims_for(width)})
+    result.extra["reproducibility"] = prefix_reproducibility(acc, dims, cfg.mode, **kwargs)
     summary = {
         "out": str(out),
         "n": acc.n,
@@ -221,6 +239,8 @@ def run(cfg: RRJobConfig) -> dict:
         )  # atomic
         print(json.dumps(summary, indent=1))
         print(dimensions_line(result.dims))
+        if result.extra["reproducibility"]:
+            print(reproducibility_line(result.extra["reproducibility"]))
     edist.barrier()
     return summary
 
