@@ -18,6 +18,7 @@ faster ridge least-squares classifier on one-hot targets; it is stated as such i
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -274,6 +275,8 @@ def evaluate(cfg) -> tuple[dict, dict]:
     report["input"] = run.output if cfg.run_dir else "features"  # embeddings as the objective saw them, or a file's
     if "rr" in train:  # the k the export's spectrum suggests, beside the k the probes measured
         report["spectrum"] = spectrum_report(head.eigenvalues, dims, report["smallest_k"].get("RR", {}))
+        manifest = json.loads((Path(rr_dir) / "manifest.json").read_text()) if Path(rr_dir).is_dir() else {}
+        report["rr_reproducibility"] = manifest.get("reproducibility")  # None: an export from before, or halves=false
     title = f"Accuracy (%) by representation size — {Path(cfg.run_dir or cfg.features).name}"
     return report, write_report(report, out, title)
 
