@@ -203,7 +203,7 @@ def reduce_pairs(
     data = run.cfg.data
     stream = _stream(run, split, batch_size, num_workers, rank, world, device)
     augment = build_augment(data.augment, image_size=data.view_size, **normalization(data)).to(device)
-    acc = RRAccumulator(run.cfg.dim, pairs=run.pairs, device=device, halves=halves and not run.pairs)
+    acc = RRAccumulator(run.cfg.dim, pairs=run.pairs, device=device, halves=halves)
     if not run.pairs:
         return reduce_views(run.encoder, stream, augment, acc, device, seed), stream.num_samples
     for batch in stream:

@@ -174,7 +174,7 @@ def _constant_and_spectrum_lines(report: dict) -> list[str]:
                 f"| {label} | {row['k']} | {row['k_on_grid']} | {'yes' if row['agrees_1pt'] else 'no'} | "
                 f"{'yes' if row['agrees_5pt'] else 'no'} |"
             )
-    if report.get("rr_reproducibility"):  # the export's split-half agreement (eigtrain.rr_reproducibility)
+    if report.get("rr_reproducibility"):  # the export's split-half agreement (eigtrain.rr_prefixes)
         cells = ", ".join(f"k = {k}: {v:.2f}" for k, v in report["rr_reproducibility"].items())
         lines += [
             "",

@@ -200,7 +200,7 @@ def evaluate(cfg) -> tuple[dict, dict]:
     from safetensors import safe_open
 
     from .embed import check_split, command_line_data, embed_split, open_run
-    from .export import load_head
+    from .export import MANIFEST, load_head
 
     if bool(cfg.run_dir) == bool(cfg.features):
         raise ValueError("give exactly one of run_dir= or features=")
@@ -275,7 +275,7 @@ def evaluate(cfg) -> tuple[dict, dict]:
     report["input"] = run.output if cfg.run_dir else "features"  # embeddings as the objective saw them, or a file's
     if "rr" in train:  # the k the export's spectrum suggests, beside the k the probes measured
         report["spectrum"] = spectrum_report(head.eigenvalues, dims, report["smallest_k"].get("RR", {}))
-        manifest = json.loads((Path(rr_dir) / "manifest.json").read_text()) if Path(rr_dir).is_dir() else {}
+        manifest = json.loads((Path(rr_dir) / MANIFEST).read_text())
         report["rr_reproducibility"] = manifest.get("reproducibility")  # None: an export from before, or halves=false
     title = f"Accuracy (%) by representation size — {Path(cfg.run_dir or cfg.features).name}"
     return report, write_report(report, out, title)

@@ -16,8 +16,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 
-from .rayleigh_ritz import IN_SPAN_TOL, RRResult, spectral_k_report
+from .rayleigh_ritz import IN_SPAN_TOL, RRResult
 from .redact import redact_config
+from .rr_prefixes import spectral_k_report
 
 TENSORS = "rr.safetensors"
 MANIFEST = "manifest.json"
@@ -169,7 +170,7 @@ def rr_manifest(result: RRResult) -> dict:
         "trivial": trivial,
         "dimensions": result.dims,
         "spectral_k": spectral_k_report(result.eigenvalues),
-        "reproducibility": result.extra.get("reproducibility"),  # {k: agreement of two halves} (rr_reproducibility)
+        "reproducibility": result.extra.get("reproducibility"),  # {k: agreement of two halves} (rr_prefixes)
     }
 
 

@@ -10,7 +10,7 @@ from typing import Mapping
 import torch
 
 from .objectives.nesting import mrl_prefixes
-from .rayleigh_ritz import spectral_k_report
+from .rr_prefixes import spectral_k_report
 
 F32 = torch.float32
 

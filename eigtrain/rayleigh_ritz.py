@@ -35,6 +35,13 @@ IN_SPAN_TOL = 1e-6  # mean-square residual below which the span counts as holdin
 F64 = torch.float64
 
 
+def _batch_moments(f: torch.Tensor, g: torch.Tensor):
+    """(n, mean f, mean g, centered co-moment sums ff, gg, fg) of one batch, for `RRAccumulator._merge`."""
+    mf, mg = f.mean(0), g.mean(0)
+    fc, gc = f - mf, g - mg
+    return len(f), mf, mg, fc.T @ fc, gc.T @ gc, fc.T @ gc
+
+
 class RRAccumulator:
     """Streaming float64 statistics of pairs: count, means, centered co-moment sums."""
 
@@ -50,9 +57,10 @@ class RRAccumulator:
         self.n = 0
         self.mean_f, self.mean_g = zeros(d), zeros(e)
         self.c_ff, self.c_gg, self.c_fg = zeros(d, d), zeros(e, e), zeros(d, e)
-        # halves: the same statistics of two disjoint halves of the rows (`prefix_reproducibility`); every
-        # update then says which half each row belongs to, by something that does not depend on the ranks
-        self.halves = tuple(RRAccumulator(dim, pairs, dim_right, device) for _ in range(2)) if halves else None
+        # halves: the statistics of two disjoint halves of the rows too (`prefix_reproducibility`, one encoder
+        # only); every update then says each row's half, by something that does not depend on the ranks
+        keep = halves and not pairs
+        self.halves = tuple(RRAccumulator(dim, pairs, dim_right, device) for _ in range(2)) if keep else None
 
     # -- accumulation ---------------------------------------------------------------------
     @torch.no_grad()
@@ -71,15 +79,17 @@ class RRAccumulator:
         f, g = z1.to(self.c_ff.device, F64), z2.to(self.c_ff.device, F64)
         if not (torch.isfinite(f).all() and torch.isfinite(g).all()):
             raise ValueError("non-finite values in the embeddings given to Rayleigh-Ritz")
-        mf, mg = f.mean(0), g.mean(0)
-        fc, gc = f - mf, g - mg
-        self._merge(len(f), mf, mg, fc.T @ fc, gc.T @ gc, fc.T @ gc)
-        if self.halves is not None:
-            if half is None or len(half) != len(f):
-                raise ValueError("an accumulator that keeps halves needs each row's half")
-            half = half.to(f.device, torch.bool)
-            for rows, acc in zip((~half, half), self.halves):
-                acc.update(f[rows], g[rows])
+        if self.halves is None:
+            self._merge(*_batch_moments(f, g))
+            return
+        if half is None or len(half) != len(f):
+            raise ValueError("an accumulator that keeps halves needs each row's half")
+        half = half.to(f.device, torch.bool)
+        for rows, acc in zip((~half, half), self.halves):  # each row's products once: into its half and the whole
+            if rows.any():
+                moments = _batch_moments(f[rows], g[rows])
+                acc._merge(*moments)
+                self._merge(*moments)
 
     def merge(self, other: "RRAccumulator") -> None:
         """Fold another accumulator in (exact: the same result as one pass over both streams)."""
@@ -325,24 +335,3 @@ def solve(
         w, res = constant_readout(raw, pooled, rtol)
         result.trivial = {"eigenvalue": 1.0, "transform": w, "residual": res}
     return result
-
-
-SPECTRAL_SHARES = (0.5, 0.9)
-
-
-def spectral_k(eigenvalues: torch.Tensor, share: float, power: int = 1) -> int:
-    """The smallest k whose first k eigenvalues (beyond the trivial mode; negative ones count 0) hold `share`
-    of the sum of lambda**power."""
-    mass = eigenvalues.double().clamp_min(0) ** power
-    if not mass.sum() > 0:
-        return len(mass)
-    return int((torch.cumsum(mass, 0) < share * mass.sum() * (1 - 1e-12)).sum()) + 1
-
-
-def spectral_k_report(eigenvalues: torch.Tensor) -> dict[str, int]:
-    """{"sum_0.9": k, "sum_sq_0.9": k, ...}: spectral_k at each share of sum(lambda) and sum(lambda^2)."""
-    return {
-        f"{name}_{share:g}": spectral_k(eigenvalues, share, power)
-        for share in SPECTRAL_SHARES
-        for name, power in (("sum", 1), ("sum_sq", 2))
-    }

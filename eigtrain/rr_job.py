@@ -34,7 +34,7 @@ from .export import check_export_target, file_sha256, files_sha256, rr_manifest,
 from .probes import dims_for
 from .rayleigh_ritz import MODES, TRIVIAL, RRAccumulator, solve
 from .redact import redact_url
-from .rr_reproducibility import prefix_reproducibility
+from .rr_prefixes import prefix_reproducibility
 
 
 @dataclass
@@ -144,7 +144,7 @@ def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, blo
         raise ValueError(
             f"{path}: z1 and z2 have widths {d1} and {d2}; one-encoder modes need equal widths, use mode=svd for two encoders"
         )
-    acc = RRAccumulator(d1, pairs=pairs, dim_right=d2 if pairs else None, halves=halves and not pairs)
+    acc = RRAccumulator(d1, pairs=pairs, dim_right=d2 if pairs else None, halves=halves)
     row = embedding_files.total_rows(chunks) * rank // world  # the first of this rank's rows (iter_blocks' share)
     for z1, z2 in embedding_files.iter_blocks(chunks, rank, world, block):
         acc.update(torch.from_numpy(z1), torch.from_numpy(z2), half=torch.arange(row, row + len(z1)) % 2 == 1)

@@ -9,7 +9,7 @@ import torch
 from eigtrain.rayleigh_ritz import RRAccumulator
 from eigtrain.rr_job import main as rr_main
 from eigtrain.rr_job import reduce_embeddings
-from eigtrain.rr_reproducibility import prefix_reproducibility
+from eigtrain.rr_prefixes import prefix_reproducibility
 
 # correlations of six latent coordinates between the two views: the first two tie, the rest are apart
 RHO = np.array([0.9, 0.9, 0.6, 0.4, 0.2, 0.05])
