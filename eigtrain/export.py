@@ -171,6 +171,7 @@ def rr_manifest(result: RRResult) -> dict:
         "dimensions": result.dims,
         "spectral_k": spectral_k_report(result.eigenvalues),
         "reproducibility": result.extra.get("reproducibility"),  # {k: agreement of two halves} (rr_prefixes)
+        "halves_n": result.extra.get("halves_n"),  # the two halves' sample counts
     }
 
 

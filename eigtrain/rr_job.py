@@ -172,12 +172,14 @@ def dimensions_line(dims: dict) -> str:
     return "eigtrain-rr: " + "; ".join(parts)
 
 
-def reproducibility_line(overlaps: dict[int, float]) -> str:
-    """One line on which prefixes two halves of the data agree on (docs/export.md)."""
+def reproducibility_line(overlaps: dict[int, float], halves: list[int], width: int) -> str:
+    """One line on which prefixes two halves of the data agree on (docs/export.md), with the halves' sizes: halves
+    not much larger than the number of features determine little, and their figures say so."""
     cells = ", ".join(f"k={k} {v:.2f}" for k, v in overlaps.items())
     return (
-        f"eigtrain-rr: first-k features solved on two halves of the data agree (1 = the same k features): {cells}; "
-        f"a k well below 1 cuts inside a group of near-equal eigenvalues"
+        f"eigtrain-rr: first-k features solved on two halves of the data ({halves[0]} and {halves[1]} samples, "
+        f"{width} features) agree (1 = the same k features): {cells}; a k well below 1 cuts inside a group of "
+        f"near-equal eigenvalues"
     )
 
 
@@ -223,6 +225,7 @@ def run(cfg: RRJobConfig) -> dict:
     width = result.transform.shape[1]
     dims = sorted({*range(1, min(width, 8) + 1), *dims_for(width)})
     result.extra["reproducibility"] = prefix_reproducibility(acc, dims, cfg.mode, **kwargs)
+    result.extra["halves_n"] = [h.n for h in acc.halves] if result.extra["reproducibility"] else None
     summary = {
         "out": str(out),
         "n": acc.n,
@@ -240,7 +243,7 @@ def run(cfg: RRJobConfig) -> dict:
         print(json.dumps(summary, indent=1))
         print(dimensions_line(result.dims))
         if result.extra["reproducibility"]:
-            print(reproducibility_line(result.extra["reproducibility"]))
+            print(reproducibility_line(result.extra["reproducibility"], result.extra["halves_n"], width))
     edist.barrier()
     return summary
 
