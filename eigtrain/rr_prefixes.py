@@ -2,9 +2,9 @@
 far each prefix is determined by the data (`prefix_reproducibility`: the same solve on two disjoint halves of the
 rows, `RRAccumulator(halves=True)`, top-k subspaces compared; docs/export.md, "Which prefixes are determined").
 
-Measured on the quickstart (SCL, digits, 3 random halvings of two runs): features 1-5 had eigenvalues 0.995 to
-0.989 and the 6th 0.966; the top-5 subspace agreed across halves to 0.98, the top 4 only to 0.74-0.95 and the top
-1 to 0.2-0.9: which 4 of those 5 come first follows the sample, which is why Rayleigh-Ritz at k = 4 varied by
+Measured on the quickstart (SCL, digits, 3 seeds; tools/bench_rr_prefixes.py): the top five eigenvalues lay within
+0.995-0.986; the top-5 subspace agreed across halves to 0.97-0.98, the top 4 only to 0.74-0.87 and the top 1 to
+0.43-0.78: which 4 of those 5 come first follows the sample, which is why Rayleigh-Ritz at k = 4 varied by
 several points between augmentation draws while k = 5 and 8 did not.
 """
 
