@@ -56,8 +56,8 @@ def objective_view(encoder: nn.Module, cfg: DictConfig) -> tuple[nn.Module, str]
     """The encoder as the run's objective saw it, and its output kind (raw | l2_normalized). An objective with
     normalize=full|prefix (SCL) fits its kernel on z / ||z||, so its eigenfunctions lie in the span of the
     normalized outputs, not of the raw ones: Rayleigh-Ritz and the evaluation work there (prefix: the whole
-    vector's norm). On the quickstart's SCL runs this moved Rayleigh-Ritz at k = 4 from 81.5 to 83.7 % (3 runs x
-    5 augmentation draws; PCA 84.3)."""
+    vector's norm). On the claims benchmark RR at k = 4 went from 82.2 to 83.4 % (3 seeds;
+    benchmarks/claims.md)."""
     normalize = vars(typed_option("objective", cfg.objective)).get("normalize")  # the LoRA family has the key
     if normalize in ("none", False, None):
         return encoder, "raw"
