@@ -181,6 +181,13 @@ def _constant_and_spectrum_lines(report: dict) -> list[str]:
             "RR prefixes the data determines (top-k features solved on two halves of the data agree; 1 = the same "
             f"features, well below 1 = a cut inside a group of near-equal eigenvalues): {cells}.",
         ]
+    if (report.get("rr_ties") or {}).get("groups"):
+        spans = ", ".join(f"{a}–{b}" for a, b in report["rr_ties"]["groups"])
+        lines += [
+            "",
+            f"RR features {spans} are groups of near-equal eigenvalues the halves do not order (agreement < "
+            f"{report['rr_ties']['agreement_below']:g}); each is ordered by the embedding's variance within it.",
+        ]
     return lines
 
 

@@ -221,7 +221,7 @@ def _descending_eigh(sym: torch.Tensor):
     return evals.flip(0), evecs.flip(1)
 
 
-def _fix_signs(*transforms: torch.Tensor) -> None:
+def fix_signs(*transforms: torch.Tensor) -> None:
     """Deterministic signs: the largest-magnitude entry of each column of the first transform is > 0."""
     first = transforms[0]
     idx = first.abs().argmax(0)
@@ -295,7 +295,7 @@ def solve(
         u, s, vh = torch.linalg.svd(wf.T @ kfg @ wg)
         k = min(wf.shape[1], wg.shape[1])
         values, transform, right = s[:k], wf @ u[:, :k], wg @ vh[:k].T
-        _fix_signs(transform, right)
+        fix_signs(transform, right)
         result = RRResult(values, transform, mf, mode, acc.n, right, mg)
         result.dims = {
             **_dims_report(gff, raw_f, acc.mean_f, exclude, rtol, k),
@@ -327,7 +327,7 @@ def solve(
         transform = evecs @ y
     else:  # paper-lora, Algorithm F.3: LoRA features are Q sqrt(Sigma) psi*, so the Gram's spectrum
         values, transform = evals, evecs * evals.rsqrt()  # the ridge enters Sigma^{-1/2} as in the other modes
-    _fix_signs(transform)
+    fix_signs(transform)
     result = RRResult(values, transform, mf, mode, acc.n)
     pooled, raw = (acc.mean_f + acc.mean_g) / 2, (raw_f + raw_g) / 2
     result.dims = _dims_report(gram, raw, pooled, exclude, rtol, transform.shape[1])

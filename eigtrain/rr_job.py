@@ -34,7 +34,7 @@ from .export import check_export_target, file_sha256, files_sha256, rr_manifest,
 from .probes import dims_for
 from .rayleigh_ritz import MODES, TRIVIAL, RRAccumulator, solve
 from .redact import redact_url
-from .rr_prefixes import prefix_reproducibility
+from .rr_prefixes import agreement_curve, order_ties, prefix_reproducibility, tie_groups
 
 
 @dataclass
@@ -81,6 +81,9 @@ class RRJobConfig:
     ridge: float = 0.0  # > 0: regularize the Gram (every dimension kept) instead of solving on its numerical range
     rank_rtol: float = 1e-10  # the numerical range: Gram eigenvalues above rank_rtol * the largest
     halves: bool = True  # also solve on two halves of the data: how far each prefix is determined (3x the moments)
+    tie_agreement: float = (
+        0.95  # halves agreeing below this on a prefix: a group of near-equal eigenvalues, ordered by variance (0: off)
+    )
     split: str = "train"
     batch_size: int = 512
     num_workers: int = 2
@@ -105,6 +108,8 @@ class RRJobConfig:
             raise ValueError(f"mode={self.mode!r} is unknown; allowed: {', '.join(MODES)}")
         if self.trivial not in TRIVIAL:
             raise ValueError(f"trivial={self.trivial!r} is unknown; allowed: {', '.join(TRIVIAL)}")
+        if not 0 <= self.tie_agreement <= 1:
+            raise ValueError(f"tie_agreement={self.tie_agreement} must lie in [0, 1] (0: no tie ordering)")
         if not 0 < self.rank_rtol < 1:
             raise ValueError(f"rank_rtol={self.rank_rtol} must lie in (0, 1)")
         if (self.embeddings or self.encoder.name) and not self.out:
@@ -153,12 +158,32 @@ def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, blo
 
 
 def solve_both_conventions(acc: RRAccumulator, cfg: RRJobConfig):
-    """The export's solve; when it excludes the trivial mode, the paper's convention rides along (paper_*)."""
+    """The export's solve, its ties ordered (`order_ties_of`); when it excludes the trivial mode, the paper's
+    convention rides along (paper_*), its ties ordered the same way. extra: reproducibility, halves_n, ties."""
     kwargs = dict(center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol)
-    result = solve(acc, cfg.mode, trivial=cfg.trivial, **kwargs)
+    result, curve, groups = order_ties_of(solve(acc, cfg.mode, trivial=cfg.trivial, **kwargs), acc, cfg, cfg.trivial)
+    width = result.transform.shape[1]
+    result.extra["reproducibility"] = prefix_reproducibility(
+        curve, sorted({*range(1, min(width, 8) + 1), *dims_for(width)})
+    )
+    result.extra["halves_n"] = [h.n for h in acc.halves] if curve is not None else None
+    result.extra["ties"] = None if groups is None else {"agreement_below": cfg.tie_agreement, "groups": groups}
     if cfg.trivial == "exclude":
-        result.extra["paper_convention"] = solve(acc, cfg.mode, trivial="keep", **kwargs)
+        paper, _, paper_groups = order_ties_of(solve(acc, cfg.mode, trivial="keep", **kwargs), acc, cfg, "keep")
+        result.extra["paper_convention"] = paper
+        if groups is not None:
+            result.extra["ties"]["paper_groups"] = paper_groups
     return result
+
+
+def order_ties_of(result, acc: RRAccumulator, cfg: RRJobConfig, trivial: str):
+    """(result with its tie groups ordered, the halves' agreement curve, the groups) for one convention; groups is
+    None where tie ordering does not apply (a paper mode or svd, no halves, tie_agreement=0)."""
+    curve = agreement_curve(acc, cfg.mode, center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol, trivial=trivial)
+    if curve is None or cfg.mode != "generalized" or cfg.tie_agreement == 0:
+        return result, curve, None
+    groups = tie_groups(curve[: result.transform.shape[1]], cfg.tie_agreement)
+    return order_ties(result, acc, groups, center=cfg.center or trivial == "exclude"), curve, groups
 
 
 def dimensions_line(dims: dict) -> str:
@@ -180,6 +205,16 @@ def reproducibility_line(overlaps: dict[int, float], halves: list[int], width: i
         f"eigtrain-rr: first-k features solved on two halves of the data ({halves[0]} and {halves[1]} samples, "
         f"{width} features) agree (1 = the same k features): {cells}; a k well below 1 cuts inside a group of "
         f"near-equal eigenvalues"
+    )
+
+
+def ties_line(ties: dict) -> str:
+    """One line on the groups of near-equal eigenvalues ordered by variance (rr_prefixes.order_ties)."""
+    spans = ", ".join(f"{a}-{b}" for a, b in ties["groups"])
+    return (
+        f"eigtrain-rr: features {spans} are groups of near-equal eigenvalues that two halves of the data do not order "
+        f"(agreement < {ties['agreement_below']:g}); each group is ordered by the embedding's variance (its principal "
+        f"components within the group)"
     )
 
 
@@ -221,11 +256,7 @@ def run(cfg: RRJobConfig) -> dict:
             f"Rayleigh-Ritz saw {acc.n} samples but the source holds {expected}: samples were lost or duplicated"
         )
     result = solve_both_conventions(acc, cfg)
-    kwargs = dict(center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol, trivial=cfg.trivial)
     width = result.transform.shape[1]
-    dims = sorted({*range(1, min(width, 8) + 1), *dims_for(width)})
-    result.extra["reproducibility"] = prefix_reproducibility(acc, dims, cfg.mode, **kwargs)
-    result.extra["halves_n"] = [h.n for h in acc.halves] if result.extra["reproducibility"] else None
     summary = {
         "out": str(out),
         "n": acc.n,
@@ -244,6 +275,8 @@ def run(cfg: RRJobConfig) -> dict:
         print(dimensions_line(result.dims))
         if result.extra["reproducibility"]:
             print(reproducibility_line(result.extra["reproducibility"], result.extra["halves_n"], width))
+        if result.extra["ties"] and result.extra["ties"]["groups"]:
+            print(ties_line(result.extra["ties"]))
     edist.barrier()
     return summary
 

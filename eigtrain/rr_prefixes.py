@@ -10,44 +10,74 @@ several points between augmentation draws while k = 5 and 8 did not.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from .rayleigh_ritz import RRAccumulator, solve
+from .rayleigh_ritz import RRAccumulator, RRResult, fix_signs, solve
 
 
-def _g_orthonormal(u: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
-    """u's columns re-expressed as an orthonormal basis of their span in the metric of `gram`."""
-    w, v = torch.linalg.eigh(u.T @ gram @ u)
-    return u @ v @ torch.diag(w.clamp_min(torch.finfo(w.dtype).tiny).rsqrt()) @ v.T
-
-
-def prefix_reproducibility(
+def agreement_curve(
     acc: RRAccumulator,
-    dims: list[int],
     mode: str = "generalized",
     center: bool = False,
     ridge: float = 0.0,
     rtol: float = 1e-10,
     trivial: str = "exclude",
-) -> dict[int, float] | None:
-    """For each k in dims: how far the first k features are determined by the data. Rayleigh-Ritz is solved on
-    each of the accumulator's two halves, and the top-k subspaces are compared in the data's metric (the Gram of
+) -> torch.Tensor | None:
+    """How far each prefix is determined by the data: entry k-1 for the first k features. Rayleigh-Ritz is solved
+    on each of the accumulator's two halves and their top-k subspaces are compared in the data's metric (the Gram of
     the whole): the mean squared cosine of their principal angles, 1 when both halves choose the same k features,
     about k'/k when only k' of them are determined (a cut inside a group of near-equal eigenvalues: any k of the
-    group serve the kernel equally, and which k come first follows the sample). None without halves or for svd."""
+    group serve the kernel equally, and which k come first follows the sample). None without halves or for svd.
+    Every k at once: a QR of each half's whitened transform spans every prefix (O(d^3) in all)."""
     if acc.halves is None or acc.pairs or min(h.n for h in acc.halves) < 2:
         return None
     kwargs = dict(center=center, ridge=ridge, rtol=rtol, trivial=trivial)
     first, second = (solve(h, mode, **kwargs) for h in acc.halves)
     gff, ggg, _, _, _ = acc.second_moments(center or trivial == "exclude" or mode == "paper-vicreg")
-    gram = (gff + ggg) / 2
+    evals, evecs = torch.linalg.eigh((gff + ggg) / 2)
+    root = (evecs * evals.clamp_min(0).sqrt()).T  # root.T @ root = the Gram: the data's metric made Euclidean
     width = min(first.transform.shape[1], second.transform.shape[1])
-    out = {}
-    for k in dims:
-        if 1 <= k <= width:
-            a, b = (_g_orthonormal(r.transform[:, :k], gram) for r in (first, second))
-            out[k] = round(float((a.T @ gram @ b).pow(2).sum() / k), 4)
-    return out
+    qa, qb = (torch.linalg.qr(root @ r.transform[:, :width]).Q for r in (first, second))
+    overlap = (qa.T @ qb).pow(2).cumsum(0).cumsum(1)
+    k = torch.arange(1, width + 1, dtype=overlap.dtype)
+    return torch.diagonal(overlap) / k
+
+
+def prefix_reproducibility(curve: torch.Tensor | None, dims: list[int]) -> dict[int, float] | None:
+    """`agreement_curve` at the sizes in dims (the manifest's `reproducibility`)."""
+    if curve is None:
+        return None
+    return {k: round(float(curve[k - 1]), 4) for k in dims if 1 <= k <= len(curve)}
+
+
+def tie_groups(curve: torch.Tensor, below: float) -> list[list[int]]:
+    """Runs of features (first, last; 1-based) that no determined cut separates: a cut after feature k is
+    determined when the halves agree on the first k features to at least `below`."""
+    cuts = [0, *(k for k in range(1, len(curve)) if curve[k - 1] >= below), len(curve)]
+    return [[a + 1, b] for a, b in zip(cuts, cuts[1:]) if b - a > 1]
+
+
+def order_ties(result: RRResult, acc: RRAccumulator, groups: list[list[int]], center: bool) -> RRResult:
+    """Within each group of near-equal eigenvalues the kernel gives no order (any basis of the group's span is an
+    eigenbasis to within what the data determine): order it by the share of the embedding's variance each feature
+    explains, i.e. the embedding's principal components within the group. A feature psi = (z - m) @ t with
+    E[psi^2] = 1 explains ||E[(z - m) psi]||^2 = ||G t||^2 of it (G the second moment the solve used; for a PCA
+    component, its variance). Eigenvalues become each new feature's Rayleigh quotient; their sum per group, and
+    every prefix that ends at a group's edge, are unchanged. center: the moments the solve used were centered."""
+    gff, ggg, kfg, _, _ = acc.second_moments(center)
+    gram, cross = (gff + ggg) / 2, (kfg + kfg.T) / 2
+    transform, values = result.transform.clone(), result.eigenvalues.clone()
+    for first, last in groups:
+        part = transform[:, first - 1 : last]
+        explained = gram @ part
+        _, rotation = torch.linalg.eigh(explained.T @ explained)
+        part = part @ rotation.flip(1)
+        fix_signs(part)
+        transform[:, first - 1 : last] = part
+        values[first - 1 : last] = torch.einsum("di,de,ei->i", part, cross, part)
+    return replace(result, transform=transform, eigenvalues=values, extra=dict(result.extra))
 
 
 SPECTRAL_SHARES = (0.5, 0.9)

@@ -9,7 +9,7 @@ import torch
 from eigtrain.rayleigh_ritz import RRAccumulator
 from eigtrain.rr_job import main as rr_main
 from eigtrain.rr_job import reduce_embeddings
-from eigtrain.rr_prefixes import prefix_reproducibility
+from eigtrain.rr_prefixes import agreement_curve, prefix_reproducibility
 
 # correlations of six latent coordinates between the two views: the first two tie, the rest are apart
 RHO = np.array([0.9, 0.9, 0.6, 0.4, 0.2, 0.05])
@@ -27,10 +27,10 @@ def test_a_cut_inside_a_tie_is_not_reproducible_and_a_cut_after_it_is():
     z1, z2 = (torch.from_numpy(z) for z in _pairs())
     acc = RRAccumulator(z1.shape[1], halves=True)
     acc.update(z1, z2, half=torch.arange(len(z1)) % 2 == 1)
-    agree = prefix_reproducibility(acc, [1, 2, 3, 4, 6])
+    agree = prefix_reproducibility(agreement_curve(acc), [1, 2, 3, 4, 6])
     assert agree[1] < 0.95, agree  # which of the two tied features comes first follows the sample
     assert min(agree[k] for k in (2, 3, 4)) > 0.99 and agree[6] == pytest.approx(1.0), agree
-    assert prefix_reproducibility(RRAccumulator(6), [1]) is None  # no halves kept: nothing to say
+    assert agreement_curve(RRAccumulator(6)) is None  # no halves kept: nothing to say
     with pytest.raises(ValueError, match="needs each row's half"):
         acc.update(z1[:4], z2[:4])
 
@@ -47,7 +47,7 @@ def test_halves_follow_the_global_row_whatever_the_ranks(tmp_path):
     assert [h.n for h in parts[0].halves] == [h.n for h in whole.halves] == [1501, 1500]
     for mine, theirs in zip(parts[0].halves, whole.halves):
         assert torch.allclose(mine.c_fg, theirs.c_fg, rtol=1e-10) and torch.allclose(mine.mean_f, theirs.mean_f)
-    merged, single = (prefix_reproducibility(a, [1, 2, 4]) for a in (parts[0], whole))
+    merged, single = (prefix_reproducibility(agreement_curve(a), [1, 2, 4]) for a in (parts[0], whole))
     assert merged == pytest.approx(single, abs=1e-6)
 
 
