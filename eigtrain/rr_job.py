@@ -161,7 +161,9 @@ def solve_both_conventions(acc: RRAccumulator, cfg: RRJobConfig):
     """The export's solve, its ties ordered (`order_ties_of`); when it excludes the trivial mode, the paper's
     convention rides along (paper_*), its ties ordered the same way. extra: reproducibility, halves_n, ties."""
     kwargs = dict(center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol)
-    result, curve, groups = order_ties_of(solve(acc, cfg.mode, trivial=cfg.trivial, **kwargs), acc, cfg, cfg.trivial)
+    solved = solve(acc, cfg.mode, trivial=cfg.trivial, **kwargs)
+    result, curve, groups = order_ties_of(solved, acc, cfg, cfg.trivial)
+    result.extra["spectrum"] = solved.eigenvalues  # the eigenvalues themselves, descending (before tie ordering)
     width = result.transform.shape[1]
     result.extra["reproducibility"] = prefix_reproducibility(
         curve, sorted({*range(1, min(width, 8) + 1), *dims_for(width)})

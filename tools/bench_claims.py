@@ -73,9 +73,7 @@ def cell(steps: int, seed: int, objective: str) -> None:
         out.mkdir(parents=True, exist_ok=True)
         shutil.copy(Path(tmp) / "eval" / "report.json", out / "report.json")
         manifest = json.loads((main / "rr" / "manifest.json").read_text())
-        (out / "eigenvalues.json").write_text(
-            json.dumps({"eigenvalues": manifest["eigenvalues"], "steps": steps}) + "\n"
-        )
+        (out / "eigenvalues.json").write_text(json.dumps({"eigenvalues": manifest["spectrum"], "steps": steps}) + "\n")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ table = (run / "eval" / "table.md").read_text()
 assert "| RR |" in table and "| RS |" in table, table
 report = json.loads((run / "eval" / "report.json").read_text())
 assert all(0.0 <= v <= 1.0 for row in report["accuracy"].values() for v in row.values())
+# the export's feature 1 varies over the validation images (|mean| / sd < 0.5, i.e. a constant share below 0.2; the
+# constant function, feature 1 before issue 22, has 1)
+assert report["constant_share"]["RR"][0] < 0.2, report["constant_share"]["RR"][:4]
 manifest = json.loads((run / "rr" / "manifest.json").read_text())
 assert manifest["n"] > 0 and (run / "rr" / "rr.safetensors").stat().st_size > 0
 for png in (run / "eval" / "accuracy_vs_dim.png", run / "rr" / "eigenvalues.png"):

@@ -5,11 +5,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
-from eigtrain.rayleigh_ritz import RRAccumulator
+from eigtrain.rayleigh_ritz import RRAccumulator, solve
 from eigtrain.rr_job import main as rr_main
 from eigtrain.rr_job import reduce_embeddings
-from eigtrain.rr_prefixes import agreement_curve, prefix_reproducibility
+from eigtrain.rr_prefixes import agreement_curve, order_ties, prefix_reproducibility, tie_groups
 
 # correlations of six latent coordinates between the two views: the first two tie, the rest are apart
 RHO = np.array([0.9, 0.9, 0.6, 0.4, 0.2, 0.05])
@@ -63,3 +64,54 @@ def test_the_export_reports_its_prefixes_agreement(tmp_path, capsys):
     assert json.loads((tmp_path / "rr" / "manifest.json").read_text())["halves_n"] == [2000, 2000]
     assert rr_main([f"embeddings={tmp_path / 'emb.npz'}", f"out={tmp_path / 'rr2'}", "halves=false"]) == 0
     assert json.loads((tmp_path / "rr2" / "manifest.json").read_text())["reproducibility"] is None
+
+
+def test_tie_groups_are_the_runs_between_determined_cuts():
+    curve = torch.tensor([0.5, 0.99, 0.7, 0.8, 0.97, 0.96, 1.0])
+    assert tie_groups(curve, 0.95) == [[1, 2], [3, 5]]  # cuts after 2, 5 and 6 are determined
+    assert tie_groups(curve, 0.0) == [] and tie_groups(curve, 1.0) == [[1, 7]]
+
+
+def _scaled_tie(seed: int, mix: bool, n: int = 20000):
+    """Latent coordinates 1 and 2 tie (the same correlation across views); coordinate 2 has 3x the scale (then an
+    optional invertible mix): (z1, z2, latent, the index of the latent carrying more of the embedding's variance)."""
+    rng = np.random.default_rng(seed)
+    latent = rng.normal(size=(n, len(RHO)))
+    other = RHO * latent + np.sqrt(1 - RHO**2) * rng.normal(size=latent.shape)
+    out = np.diag([1.0, 3.0, 1.0, 1.0, 1.0, 1.0])
+    if mix:
+        out = out @ (rng.normal(size=(len(RHO), len(RHO))) + 2 * np.eye(len(RHO)))
+    louder = int(np.argmax(np.linalg.norm(out[:2], axis=1)))
+    return latent @ out, other @ out, latent, louder
+
+
+def test_a_tie_is_ordered_by_variance_and_nothing_outside_it_moves():
+    z1, z2, latent, louder = (torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in _scaled_tie(0, False))
+    acc = RRAccumulator(6)
+    acc.update(z1, z2)
+    plain = solve(acc)
+    assert abs(np.corrcoef(plain.apply(z1)[:, 0], latent[:, louder])[0, 1]) < 0.9  # by eigenvalue: a mix of the two
+    tied = order_ties(plain, acc, [[1, 2]], center=True)
+    assert abs(np.corrcoef(tied.apply(z1)[:, 0], latent[:, louder])[0, 1]) > 0.999  # the louder one of the tie
+    torch.testing.assert_close(tied.transform[:, 2:], plain.transform[:, 2:], rtol=0, atol=0)  # past the group
+    torch.testing.assert_close(tied.eigenvalues[:2].sum(), plain.eigenvalues[:2].sum(), rtol=1e-12, atol=0)
+    assert torch.all((tied.eigenvalues[:2] - 0.9).abs() < 0.01)
+    assert torch.equal(tied.eigenvalues[2:], plain.eigenvalues[2:])
+    gff, ggg, _, _, _ = acc.second_moments(True)
+    torch.testing.assert_close(tied.transform.T @ ((gff + ggg) / 2) @ tied.transform, torch.eye(6, dtype=torch.float64))
+
+
+def test_the_export_orders_the_groups_its_halves_do_not_determine(tmp_path):
+    z1, z2, latent, louder = _scaled_tie(1, True)  # a sample whose halves disagree on the first feature (0.67)
+    np.savez(tmp_path / "emb.npz", z1=z1, z2=z2)
+    args = [f"embeddings={tmp_path / 'emb.npz'}"]
+    assert rr_main([*args, f"out={tmp_path / 'rr'}"]) == 0
+    assert rr_main([*args, f"out={tmp_path / 'plain'}", "tie_agreement=0"]) == 0
+    manifest = json.loads((tmp_path / "rr" / "manifest.json").read_text())
+    assert manifest["ties"] == {"agreement_below": 0.95, "groups": [[1, 2]], "paper_groups": [[1, 2]]}
+    assert json.loads((tmp_path / "plain" / "manifest.json").read_text())["ties"] is None
+    tied, plain = (load_file(str(tmp_path / d / "rr.safetensors")) for d in ("rr", "plain"))
+    torch.testing.assert_close(tied["transform"][:, 2:], plain["transform"][:, 2:], rtol=0, atol=0)
+    first = lambda t: ((torch.from_numpy(z1) - t["mean"]) @ t["transform"][:, 0]).numpy()  # noqa: E731
+    assert abs(np.corrcoef(first(plain), latent[:, louder])[0, 1]) < 0.9
+    assert abs(np.corrcoef(first(tied), latent[:, louder])[0, 1]) > 0.999

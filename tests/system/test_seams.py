@@ -267,6 +267,7 @@ def test_eval_scores_split_val_with_both_rr_conventions(runs, exports, data, sou
     assert {"table.md", "table.csv", "report.json"} <= {p.name for p in out.iterdir()}
     manifest = json.loads((exports[source] / "manifest.json").read_text())
     assert report["input"] == manifest["input"] and report["rr_reproducibility"] == manifest["reproducibility"]
+    assert report["rr_ties"] == manifest["ties"]  # the groups ordered by variance, as the export says
 
 
 def test_eval_of_a_shards_run_without_val_shards_refuses_with_one_line(runs, tmp_path, capsys):
