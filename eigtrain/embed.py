@@ -56,7 +56,7 @@ def objective_view(encoder: nn.Module, cfg: DictConfig) -> tuple[nn.Module, str]
     """The encoder as the run's objective saw it, and its output kind (raw | l2_normalized). An objective with
     normalize=full|prefix (SCL) fits its kernel on z / ||z||, so its eigenfunctions lie in the span of the
     normalized outputs, not of the raw ones: Rayleigh-Ritz and the evaluation work there (prefix: the whole
-    vector's norm). On the claims benchmark RR at k = 4 went from 82.2 to 83.4 % (3 seeds;
+    vector's norm). On the claims benchmark RR at k = 4 went from 82.2 to 83.4 % (3 seeds, before the tie ordering;
     benchmarks/claims.md)."""
     normalize = vars(typed_option("objective", cfg.objective)).get("normalize")  # the LoRA family has the key
     if normalize in ("none", False, None):

@@ -185,7 +185,7 @@ def _constant_and_spectrum_lines(report: dict) -> list[str]:
         spans = ", ".join(f"{a}–{b}" for a, b in report["rr_ties"]["groups"])
         lines += [
             "",
-            f"RR features {spans} are groups of near-equal eigenvalues the halves do not order (agreement < "
+            f"RR features {spans} are groups whose order two halves of the data do not determine (agreement < "
             f"{report['rr_ties']['agreement_below']:g}); each is ordered by the embedding's variance within it.",
         ]
     return lines

@@ -277,7 +277,7 @@ def evaluate(cfg) -> tuple[dict, dict]:
         report["spectrum"] = spectrum_report(head.eigenvalues, dims, report["smallest_k"].get("RR", {}))
         manifest = json.loads((Path(rr_dir) / MANIFEST).read_text())
         report["rr_reproducibility"] = manifest.get("reproducibility")  # None: an export from before, or halves=false
-        report["rr_ties"] = manifest.get("ties")  # groups of near-equal eigenvalues ordered by variance
+        report["rr_ties"] = manifest.get("ties")  # groups the halves do not order, ordered by variance
     title = f"Accuracy (%) by representation size — {Path(cfg.run_dir or cfg.features).name}"
     return report, write_report(report, out, title)
 

@@ -172,7 +172,7 @@ def rr_manifest(result: RRResult) -> dict:
         "spectral_k": spectral_k_report(result.eigenvalues),
         "reproducibility": result.extra.get("reproducibility"),  # {k: agreement of two halves} (rr_prefixes)
         "halves_n": result.extra.get("halves_n"),  # the two halves' sample counts
-        "ties": result.extra.get("ties"),  # groups of near-equal eigenvalues ordered by variance (rr_prefixes)
+        "ties": result.extra.get("ties"),  # groups the halves do not order, ordered by variance (rr_prefixes)
         "spectrum": [float(v) for v in result.extra.get("spectrum", result.eigenvalues)],  # descending, untied
     }
 

@@ -176,7 +176,7 @@ class RRAccumulator:
 @dataclass
 class RRResult:
     """Ordered features: feature i of z is ((z - mean) @ transform)[:, i], eigenvalues descending (`solve`;
-    eigtrain-rr then orders groups of near-equal eigenvalues by variance, rr_prefixes.order_ties)."""
+    eigtrain-rr then orders the groups two halves of the data do not order by variance, rr_prefixes.order_ties)."""
 
     eigenvalues: torch.Tensor
     transform: torch.Tensor

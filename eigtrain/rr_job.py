@@ -82,7 +82,7 @@ class RRJobConfig:
     rank_rtol: float = 1e-10  # the numerical range: Gram eigenvalues above rank_rtol * the largest
     halves: bool = True  # also solve on two halves of the data: how far each prefix is determined (3x the moments)
     tie_agreement: float = (
-        0.95  # halves agreeing below this on a prefix: a group of near-equal eigenvalues, ordered by variance (0: off)
+        0.95  # halves agreeing below this on a prefix: a group they do not order, ordered by variance (0: off)
     )
     split: str = "train"
     batch_size: int = 512
@@ -211,10 +211,10 @@ def reproducibility_line(overlaps: dict[int, float], halves: list[int], width: i
 
 
 def ties_line(ties: dict) -> str:
-    """One line on the groups of near-equal eigenvalues ordered by variance (rr_prefixes.order_ties)."""
+    """One line on the groups the halves do not order, ordered by variance (rr_prefixes.order_ties)."""
     spans = ", ".join(f"{a}-{b}" for a, b in ties["groups"])
     return (
-        f"eigtrain-rr: features {spans} are groups of near-equal eigenvalues that two halves of the data do not order "
+        f"eigtrain-rr: features {spans} are groups whose order two halves of the data do not determine "
         f"(agreement < {ties['agreement_below']:g}); each group is ordered by the embedding's variance (its principal "
         f"components within the group)"
     )

@@ -1,7 +1,7 @@
 """What the prefixes of a Rayleigh-Ritz export are worth: the k its spectrum suggests (`spectral_k_report`), and how
 far each prefix is determined by the data (`agreement_curve`: the same solve on two disjoint halves of the rows,
 `RRAccumulator(halves=True)`, top-k subspaces compared; docs/export.md, "Which prefixes are determined"), and the
-order inside the groups of near-equal eigenvalues the halves do not determine (`tie_groups`, `order_ties`: by the
+order inside the groups of features the halves do not order (`tie_groups`, `order_ties`: by the
 embedding's variance).
 
 Measured on the quickstart (SCL, digits, 3 seeds; tools/bench_rr_prefixes.py): the top five eigenvalues lay within
@@ -63,8 +63,8 @@ def tie_groups(curve: torch.Tensor, below: float) -> list[list[int]]:
 
 
 def order_ties(result: RRResult, acc: RRAccumulator, groups: list[list[int]], center: bool) -> RRResult:
-    """Within each group of near-equal eigenvalues the kernel gives no order (any basis of the group's span is an
-    eigenbasis to within what the data determine): order it by the share of the embedding's variance each feature
+    """Within each group the halves do not order, the eigenvalues give no reliable order (where they are nearly
+    equal, any basis of the group's span is an eigenbasis to within what the data determine): order it by the share of the embedding's variance each feature
     explains, i.e. the embedding's principal components within the group. A feature psi = (z - m) @ t with
     E[psi^2] = 1 explains ||E[(z - m) psi]||^2 = ||G t||^2 of it (G the second moment the solve used; for a PCA
     component, its variance). Eigenvalues become each new feature's Rayleigh quotient; their sum per group, and

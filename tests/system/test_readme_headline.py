@@ -25,8 +25,9 @@ def test_readme_headline_is_the_claims_table(monkeypatch):
 
 
 def test_readme_prose_beside_the_table_says_what_the_reports_hold(monkeypatch):
-    """The sentences under the table: 4 random coordinates lose about 35 points against the first 4 ordered ones,
-    Rayleigh-Ritz is about 2 points behind PCA and 1 behind joint nesting at k = 4, and SCL's spectrum is flat."""
+    """The sentences under the table: 4 random coordinates lose about 35-40 points against the first 4 ordered ones;
+    at k = 4 Rayleigh-Ritz is about 1 point ahead of PCA and 2 ahead of joint nesting, at 16 half a point behind
+    both; SCL's spectrum is flat."""
     monkeypatch.chdir(ROOT)
     claims = _claims_table()
     reports = claims.load()["scl"].values()
@@ -35,12 +36,29 @@ def test_readme_prose_beside_the_table_says_what_the_reports_hold(monkeypatch):
         return 100 * sum(r["accuracy"][method][k] for r, _ in reports) / len(reports)
 
     readme = (ROOT / "README.md").read_text()
-    assert "4 arbitrary coordinates lose about 35 points" in readme
-    assert 30 <= min(mean("RR"), mean("JN")) - mean("RS") <= 40
-    assert "At k = 4 Rayleigh–Ritz is about 2 points behind PCA\nand 1 behind joint nesting" in readme
-    assert 1.5 <= mean("PCA") - mean("RR") <= 2.5 and 0.5 <= mean("JN") - mean("RR") <= 1.5
+    assert "4 arbitrary coordinates lose about 35–40 points" in readme
+    assert 35 <= min(mean("RR"), mean("JN")) - mean("RS") <= 40
+    assert "At k = 4 Rayleigh–Ritz is about 1 point ahead of PCA\nand 2 ahead of joint nesting" in readme
+    assert 0.5 <= mean("RR") - mean("PCA") <= 1.5 and 1.5 <= mean("RR") - mean("JN") <= 2.5
+    assert "at k = 16 it is half a point\nbehind both" in readme
+    assert all(0.2 <= mean(m, "16") - mean("RR", "16") <= 0.8 for m in ("PCA", "JN"))
     assert "λ₁₆/λ₁ ≈ 0.78" in readme
     assert all(0.76 <= claims.spectrum(e)[15] / claims.spectrum(e)[0] <= 0.80 for _, e in reports)
+
+
+def test_quickstart_rr_at_4_is_within_a_point_of_pca_on_every_seed(monkeypatch):
+    """Issue 22's bar, on the quickstart's recipe at its own 300 steps (3 seeds, the claims benchmark's reports): RR's
+    first 4 features within 1 point of PCA's first 4, or better, on every seed (README: "within a point of PCA or
+    better on every seed"). Before eigtrain-rr ordered the groups its halves do not order by variance, seed 2 was
+    3.1 points behind (80.2 vs 83.3)."""
+    monkeypatch.chdir(ROOT)
+    reports = _claims_table().load()["scl"]
+    assert sorted(reports) == [0, 1, 2]
+    for seed, (report, _) in reports.items():
+        rr, pca = (100 * report["accuracy"][m]["4"] for m in ("RR", "PCA"))
+        assert rr >= pca - 1, (seed, rr, pca)
+        assert report["constant_share"]["RR"][0] < 0.2, seed  # feature 1 is no constant: |mean| / sd < 0.5
+    assert "within a point of PCA or better on every seed" in (ROOT / "README.md").read_text()
 
 
 def test_readme_prefix_agreement_is_what_the_benchmark_measured():
