@@ -172,6 +172,18 @@ class RRAccumulator:
         kfg = self.c_fg / n + torch.outer(af, ag)
         return gff, ggg, kfg, mf, mg
 
+    def view_moments(self, center: bool):
+        """One encoder on two views: (Gram over both views, symmetrized cross moment), raw or centered. Both views
+        sample the same marginal, and T is self-adjoint: the estimate is symmetrized."""
+        gff, ggg, kfg, _, _ = self.second_moments(center)
+        return (gff + ggg) / 2, (kfg + kfg.T) / 2
+
+
+def centered(mode: str, center: bool, trivial: str) -> bool:
+    """Whether a solve works on centered moments: asked for, the trivial mode excluded (Rayleigh-Ritz on the
+    constant's complement), or the paper's VICReg algorithm (centered by definition, Welford)."""
+    return center or trivial == "exclude" or mode == "paper-vicreg"
+
 
 @dataclass
 class RRResult:
@@ -283,7 +295,7 @@ def solve(
             f"{', '.join(m for m in MODES if m != 'svd')} for one encoder on two views"
         )
     exclude = trivial == "exclude"
-    center = center or exclude or mode == "paper-vicreg"  # the paper's VICReg algorithm is centered (Welford)
+    center = centered(mode, center, trivial)
     gff, ggg, kfg, mf, mg = acc.second_moments(center)
     raw_f, raw_g, _, _, _ = acc.second_moments(False)
 
@@ -316,8 +328,7 @@ def solve(
             }
         return result
 
-    gram = (gff + ggg) / 2  # both views sample the same marginal
-    cross = (kfg + kfg.T) / 2  # T is self-adjoint: symmetrize the estimate
+    gram, cross = acc.view_moments(center)
     evals, evecs = _range(gram, ridge, rtol, "the embedding")
     if mode == "generalized":
         w = evecs * evals.rsqrt()

@@ -32,7 +32,7 @@ from .cli import compose_dataclass
 from .data.augment import PRESETS
 from .export import check_export_target, file_sha256, files_sha256, rr_manifest, save_export
 from .probes import dims_for
-from .rayleigh_ritz import MODES, TRIVIAL, RRAccumulator, solve
+from .rayleigh_ritz import MODES, TRIVIAL, RRAccumulator, centered, solve
 from .redact import redact_url
 from .rr_prefixes import agreement_curve, order_ties, prefix_reproducibility, tie_groups
 
@@ -81,9 +81,7 @@ class RRJobConfig:
     ridge: float = 0.0  # > 0: regularize the Gram (every dimension kept) instead of solving on its numerical range
     rank_rtol: float = 1e-10  # the numerical range: Gram eigenvalues above rank_rtol * the largest
     halves: bool = True  # also solve on two halves of the data: how far each prefix is determined (3x the moments)
-    tie_agreement: float = (
-        0.95  # halves agreeing below this on a prefix: a group they do not order, ordered by variance (0: off)
-    )
+    tie_agreement: float = 0.95  # halves agreeing below it on a prefix: a group ordered by variance (0: off)
     split: str = "train"
     batch_size: int = 512
     num_workers: int = 2
@@ -162,7 +160,8 @@ def solve_both_conventions(acc: RRAccumulator, cfg: RRJobConfig):
     convention rides along (paper_*), its ties ordered the same way. extra: reproducibility, halves_n, ties."""
     kwargs = dict(center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol)
     solved = solve(acc, cfg.mode, trivial=cfg.trivial, **kwargs)
-    result, curve, groups = order_ties_of(solved, acc, cfg, cfg.trivial)
+    curve = agreement_curve(acc, cfg.mode, trivial=cfg.trivial, **kwargs)
+    result, groups = order_ties_of(solved, acc, cfg, cfg.trivial, curve)
     result.extra["spectrum"] = solved.eigenvalues  # the eigenvalues themselves, descending (before tie ordering)
     width = result.transform.shape[1]
     result.extra["reproducibility"] = prefix_reproducibility(
@@ -171,21 +170,22 @@ def solve_both_conventions(acc: RRAccumulator, cfg: RRJobConfig):
     result.extra["halves_n"] = [h.n for h in acc.halves] if curve is not None else None
     result.extra["ties"] = None if groups is None else {"agreement_below": cfg.tie_agreement, "groups": groups}
     if cfg.trivial == "exclude":
-        paper, _, paper_groups = order_ties_of(solve(acc, cfg.mode, trivial="keep", **kwargs), acc, cfg, "keep")
+        paper = solve(acc, cfg.mode, trivial="keep", **kwargs)
+        if groups is not None:  # the paper convention's own halves, only when their groups are wanted
+            paper, result.extra["ties"]["paper_groups"] = order_ties_of(
+                paper, acc, cfg, "keep", agreement_curve(acc, cfg.mode, trivial="keep", **kwargs)
+            )
         result.extra["paper_convention"] = paper
-        if groups is not None:
-            result.extra["ties"]["paper_groups"] = paper_groups
     return result
 
 
-def order_ties_of(result, acc: RRAccumulator, cfg: RRJobConfig, trivial: str):
-    """(result with its tie groups ordered, the halves' agreement curve, the groups) for one convention; groups is
-    None where tie ordering does not apply (a paper mode or svd, no halves, tie_agreement=0)."""
-    curve = agreement_curve(acc, cfg.mode, center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol, trivial=trivial)
+def order_ties_of(result, acc: RRAccumulator, cfg: RRJobConfig, trivial: str, curve):
+    """(result with its tie groups ordered, the groups) for one convention, from the halves' agreement `curve`;
+    groups is None where tie ordering does not apply (a paper mode or svd, no halves, tie_agreement=0)."""
     if curve is None or cfg.mode != "generalized" or cfg.tie_agreement == 0:
-        return result, curve, None
+        return result, None
     groups = tie_groups(curve[: result.transform.shape[1]], cfg.tie_agreement)
-    return order_ties(result, acc, groups, center=cfg.center or trivial == "exclude"), curve, groups
+    return order_ties(result, acc, groups, center=centered(cfg.mode, cfg.center, trivial)), groups
 
 
 def dimensions_line(dims: dict) -> str:

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from .rayleigh_ritz import RRAccumulator, RRResult, fix_signs, solve
+from .rayleigh_ritz import RRAccumulator, RRResult, centered, fix_signs, solve
 
 
 def agreement_curve(
@@ -38,8 +38,8 @@ def agreement_curve(
         return None
     kwargs = dict(center=center, ridge=ridge, rtol=rtol, trivial=trivial)
     first, second = (solve(h, mode, **kwargs) for h in acc.halves)
-    gff, ggg, _, _, _ = acc.second_moments(center or trivial == "exclude" or mode == "paper-vicreg")
-    evals, evecs = torch.linalg.eigh((gff + ggg) / 2)
+    gram, _ = acc.view_moments(centered(mode, center, trivial))
+    evals, evecs = torch.linalg.eigh(gram)
     root = (evecs * evals.clamp_min(0).sqrt()).T  # root.T @ root = the Gram: the data's metric made Euclidean
     width = min(first.transform.shape[1], second.transform.shape[1])
     qa, qb = (torch.linalg.qr(root @ r.transform[:, :width]).Q for r in (first, second))
@@ -64,13 +64,13 @@ def tie_groups(curve: torch.Tensor, below: float) -> list[list[int]]:
 
 def order_ties(result: RRResult, acc: RRAccumulator, groups: list[list[int]], center: bool) -> RRResult:
     """Within each group the halves do not order, the eigenvalues give no reliable order (where they are nearly
-    equal, any basis of the group's span is an eigenbasis to within what the data determine): order it by the share of the embedding's variance each feature
-    explains, i.e. the embedding's principal components within the group. A feature psi = (z - m) @ t with
-    E[psi^2] = 1 explains ||E[(z - m) psi]||^2 = ||G t||^2 of it (G the second moment the solve used; for a PCA
-    component, its variance). Eigenvalues become each new feature's Rayleigh quotient; their sum per group, and
-    every prefix that ends at a group's edge, are unchanged. center: the moments the solve used were centered."""
-    gff, ggg, kfg, _, _ = acc.second_moments(center)
-    gram, cross = (gff + ggg) / 2, (kfg + kfg.T) / 2
+    equal, any basis of the group's span is an eigenbasis to within what the data determine): order it by the
+    share of the embedding's variance each feature explains, i.e. the embedding's principal components within the
+    group. A feature psi = (z - m) @ t with E[psi^2] = 1 explains ||E[(z - m) psi]||^2 = ||G t||^2 of it (G the
+    second moment the solve used; for a PCA component, its variance). Eigenvalues become each new feature's
+    Rayleigh quotient; their sum per group, and every prefix that ends at a group's edge, are unchanged. center: the
+    moments the solve used were centered (`centered`)."""
+    gram, cross = acc.view_moments(center)
     transform, values = result.transform.clone(), result.eigenvalues.clone()
     for first, last in groups:
         part = transform[:, first - 1 : last]
