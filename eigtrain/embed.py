@@ -149,13 +149,11 @@ def _stream(
     )
 
 
-def batch_generator(keys: list[str], seed: int, device) -> torch.Generator:
-    """The augmentation RNG of one batch, a function of (seed, the batch's sample keys) only: the same views
-    on any number of ranks as long as the batches hold the same samples (same shards, batch size and
-    ranks x workers), whatever order the batches arrive in."""
-    text = "\n".join([str(seed), *keys])
-    digest = hashlib.sha256(text.encode()).digest()
-    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+def sample_generators(keys: list[str], seed: int) -> list[torch.Generator]:
+    """The augmentation RNG of each sample, a function of (seed, its key) only: its views are the same whatever
+    batch, worker or rank reads it (any num_workers, batch_size or world size gives the same moments)."""
+    digests = (hashlib.sha256(f"{seed}\n{key}".encode()).digest() for key in keys)
+    return [torch.Generator().manual_seed(int.from_bytes(d[:8], "little") >> 1) for d in digests]
 
 
 def autocast(device) -> torch.autocast:
@@ -177,7 +175,7 @@ def reduce_views(encode, stream: ShardStream, augment, acc: RRAccumulator, devic
         sizes = batch.get("size")  # valid image sizes of a padded batch (image_fit="whole")
         v1, v2 = augment(
             batch["image"].to(device, non_blocking=True),
-            generator=batch_generator(batch["key"], seed, device),
+            generator=sample_generators(batch["key"], seed),
             sizes=sizes,
         )
         with autocast(device):
@@ -207,7 +205,7 @@ def reduce_pairs(
     if not run.pairs:
         return reduce_views(run.encoder, stream, augment, acc, device, seed), stream.num_samples
     for batch in stream:
-        generator = batch_generator(batch["key"], seed, device)
+        generator = sample_generators(batch["key"], seed)
         x = augment.view(batch["x"].to(device), generator, 0)
         a = batch["a"].to(device)
         a = augment.view(a, generator, 1) if a.dtype == torch.uint8 else a

@@ -86,7 +86,7 @@ class RRJobConfig:
     batch_size: int = 512
     num_workers: int = 2
     device: str = "auto"
-    seed: int = 0  # augmentation seed (views are a function of it and each batch's sample keys)
+    seed: int = 0  # augmentation seed (each sample's views are a function of it and the sample's key)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     data: DataConfig = field(default_factory=DataConfig)
 

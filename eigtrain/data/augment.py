@@ -3,8 +3,9 @@
     augment = build_augment("cifar", image_size=(32, 32))
     view1, view2 = augment(images_uint8, generator=torch.Generator(device).manual_seed(0))
 
-Every random number comes from the `generator` passed in (the global RNG of the images' device when it is None),
-a fixed number of draws per call whatever the data, so the trainer's RNG state in a checkpoint makes the views
+Every random number comes from the `generator` passed in (the global RNG of the images' device when it is None;
+a list of CPU generators, one per sample, makes each sample's views independent of its batch), a fixed number of
+draws per call whatever the data, so the trainer's RNG state in a checkpoint makes the views
 bit-identical after a resume on CPU. The semantics follow torchvision's transforms (RandomResizedCrop,
 RandomHorizontalFlip, ColorJitter with a random order of its four operations per sample, RandomGrayscale,
 GaussianBlur, RandomSolarize). Two paths with the same draws:
@@ -27,6 +28,8 @@ from torch import nn
 from .augment_draws import Draws, Sampler, draw
 from .augment_ops import colour_blur_solarize, crop_one, resample, select, where
 from .augment_recipes import NORMALIZATION, PRESETS, ViewRecipe
+
+Generators = torch.Generator | list[torch.Generator] | None  # one for the batch, or one per sample
 
 
 def build_augment(
@@ -55,7 +58,7 @@ class BatchAugment(nn.Module):
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
 
     def forward(
-        self, images: torch.Tensor, generator: torch.Generator | None = None, sizes: torch.Tensor | None = None
+        self, images: torch.Tensor, generator: Generators = None, sizes: torch.Tensor | None = None
     ):
         """Two augmented views, float32 (B, C, H', W'), normalized."""
         return self.view(images, generator, 0, sizes), self.view(images, generator, 1, sizes)
@@ -64,7 +67,7 @@ class BatchAugment(nn.Module):
     def view(
         self,
         images: torch.Tensor,
-        generator: torch.Generator | None = None,
+        generator: Generators = None,
         index: int = 0,
         sizes: torch.Tensor | None = None,
     ) -> torch.Tensor:

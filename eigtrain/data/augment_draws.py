@@ -57,18 +57,35 @@ def _list(mask: torch.Tensor | None) -> list | None:
 
 
 class Sampler:
-    """Per-sample random numbers from one generator, on the generator's device, moved to the data's."""
+    """Per-sample random numbers, on the data's device, from one generator for the whole batch or from one CPU
+    generator per sample (a list): then each sample's draws depend on its own generator only, not on the batch
+    it came in (eigtrain-rr's views, `eigtrain.embed.sample_generators`)."""
 
-    def __init__(self, generator: torch.Generator | None, device: torch.device, batch: int):
+    BLOCK = 64  # per-sample numbers drawn at once (one view uses ~40): one small call per sample, not per draw
+
+    def __init__(self, generator: torch.Generator | list[torch.Generator] | None, device: torch.device, batch: int):
         self.generator, self.device, self.batch = generator, device, batch
-        self.source = generator.device if generator is not None else device
+        if isinstance(generator, list) and len(generator) != batch:
+            raise ValueError(f"{len(generator)} per-sample generators for a batch of {batch}")
+        self.source = generator.device if isinstance(generator, torch.Generator) else device
+        self.stock = torch.empty(batch, 0)  # per-sample mode: each row the next numbers of its sample's generator
 
     def uniform(self, lo: float, hi: float, *shape: int) -> torch.Tensor:
-        u = torch.rand((self.batch, *shape), generator=self.generator, device=self.source)
+        if isinstance(self.generator, list):
+            u = self._take(math.prod(shape)).reshape(self.batch, *shape)
+        else:
+            u = torch.rand((self.batch, *shape), generator=self.generator, device=self.source)
         return (lo + (hi - lo) * u).to(self.device, non_blocking=True)  # usually already there
 
     def bernoulli(self, p: float) -> torch.Tensor:
         return self.uniform(0.0, 1.0) < p
+
+    def _take(self, count: int) -> torch.Tensor:
+        while self.stock.shape[1] < count:
+            block = torch.stack([torch.rand(self.BLOCK, generator=g) for g in self.generator])
+            self.stock = torch.cat([self.stock, block], 1)
+        taken, self.stock = self.stock[:, :count], self.stock[:, count:]
+        return taken
 
 
 def draw(recipe: ViewRecipe, rand: Sampler, shape, size, sizes: torch.Tensor | None) -> Draws:

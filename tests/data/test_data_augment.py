@@ -93,6 +93,24 @@ def test_full_crop_is_the_identity_and_flip_is_a_mirror():
     torch.testing.assert_close(mirrored, x.flip(-1), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("preset", ["imagenet", "digits"])
+def test_per_sample_generators_give_each_sample_its_own_views_whatever_its_batch(preset):
+    """A list of generators (eigtrain-rr's views): sample i's views are those it gets alone, in any batch."""
+    channels = 1 if preset == "digits" else 3
+    x = images(6, channels, (12, 12))
+    augment = build_augment(preset, image_size=(8, 8))
+    gens = lambda idx: [torch.Generator().manual_seed(100 + i) for i in idx]  # noqa: E731
+    together = augment(x, generator=gens(range(6)))
+    for i in range(6):
+        alone = augment(x[i : i + 1], generator=gens([i]))
+        for v in range(2):
+            torch.testing.assert_close(alone[v][0], together[v][i], atol=1e-6, rtol=0)
+    reordered = augment(x.flip(0), generator=gens(reversed(range(6))))
+    torch.testing.assert_close(reordered[0].flip(0), together[0], atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="5 per-sample generators for a batch of 6"):
+        augment(x, generator=gens(range(5)))
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="unknown augmentation preset 'simclr'"):
         build_augment("simclr")
