@@ -57,9 +57,7 @@ class BatchAugment(nn.Module):
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
 
-    def forward(
-        self, images: torch.Tensor, generator: Generators = None, sizes: torch.Tensor | None = None
-    ):
+    def forward(self, images: torch.Tensor, generator: Generators = None, sizes: torch.Tensor | None = None):
         """Two augmented views, float32 (B, C, H', W'), normalized."""
         return self.view(images, generator, 0, sizes), self.view(images, generator, 1, sizes)
 
