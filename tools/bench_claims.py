@@ -7,6 +7,8 @@ k in {4, 8, 16}, RS — for SCL and VICReg (paper form), and the eigenvalue deca
 Each cell trains the quickstart recipe (tiny CNN, digits, dim 32, joint nesting) for STEPS steps, fixed-size
 encoders (nesting=none) at 4, 8, 16, runs eigtrain-rr (trivial mode excluded; the paper's convention rides
 along) and eigtrain-eval with the paper's SGD probe (softmax regression, 50 epochs, cosine schedule).
+Training and eigtrain-rr keep the quickstart's own defaults (its 2 CPU threads, eigtrain-rr's data workers), so
+the `scl` cell at 300 steps is `bash tools/quickstart.sh` at that seed (the seed-0 model is bit-identical).
 """
 
 import json
@@ -41,7 +43,6 @@ def train(run_dir: Path, steps: int, seed: int, objective: str, *extra: str) -> 
                 f"checkpoint_every={steps}",
                 f"seed={seed}",
                 *VARIANTS[objective],
-                "cpu_threads=1",
                 "logging.progress=false",
                 "logging.wandb.mode=disabled",
                 *extra,
@@ -59,7 +60,7 @@ def cell(steps: int, seed: int, objective: str) -> None:
         for k in FF_DIMS:
             train(Path(tmp) / f"ff{k}", steps, seed, objective, "nesting=none", f"dim={k}")
             ffs.append(str(Path(tmp) / f"ff{k}"))
-        assert rr_main([f"run_dir={main}", "num_workers=0"]) == 0
+        assert rr_main([f"run_dir={main}"]) == 0
         evaluate(
             EvalConfig(
                 run_dir=str(main),
