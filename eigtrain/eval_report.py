@@ -182,10 +182,12 @@ def _constant_and_spectrum_lines(report: dict) -> list[str]:
             f"features, well below 1 = a cut inside a group of near-equal eigenvalues): {cells}.",
         ]
     if (report.get("rr_ties") or {}).get("groups"):
-        spans = ", ".join(f"{a}–{b}" for a, b in report["rr_ties"]["groups"])
+        groups = report["rr_ties"]["groups"]
+        spans = ", ".join(f"{a}–{b}" for a, b in groups)
+        are = "are groups" if len(groups) > 1 else "are a group"
         lines += [
             "",
-            f"RR features {spans} are groups whose order two halves of the data do not determine (agreement < "
+            f"RR features {spans} {are} whose order two halves of the data do not determine (agreement < "
             f"{report['rr_ties']['agreement_below']:g}); each is ordered by the embedding's variance within it.",
         ]
     return lines

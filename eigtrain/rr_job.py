@@ -213,8 +213,9 @@ def reproducibility_line(overlaps: dict[int, float], halves: list[int], width: i
 def ties_line(ties: dict) -> str:
     """One line on the groups the halves do not order, ordered by variance (rr_prefixes.order_ties)."""
     spans = ", ".join(f"{a}-{b}" for a, b in ties["groups"])
+    are = "are groups" if len(ties["groups"]) > 1 else "are a group"
     return (
-        f"eigtrain-rr: features {spans} are groups whose order two halves of the data do not determine "
+        f"eigtrain-rr: features {spans} {are} whose order two halves of the data do not determine "
         f"(agreement < {ties['agreement_below']:g}); each group is ordered by the embedding's variance (its principal "
         f"components within the group)"
     )

@@ -70,7 +70,7 @@ def cell(steps: int, seed: int, objective: str) -> None:
                 dims=[4, 8, 16, 32],
                 out=str(Path(tmp) / "eval"),
             )
-        )  # (the command line's ff_run_dirs=[...] fails to parse today)
+        )
         out.mkdir(parents=True, exist_ok=True)
         shutil.copy(Path(tmp) / "eval" / "report.json", out / "report.json")
         manifest = json.loads((main / "rr" / "manifest.json").read_text())

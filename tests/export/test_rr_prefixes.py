@@ -101,11 +101,12 @@ def test_a_tie_is_ordered_by_variance_and_nothing_outside_it_moves():
     torch.testing.assert_close(tied.transform.T @ ((gff + ggg) / 2) @ tied.transform, torch.eye(6, dtype=torch.float64))
 
 
-def test_the_export_orders_the_groups_its_halves_do_not_determine(tmp_path):
+def test_the_export_orders_the_groups_its_halves_do_not_determine(tmp_path, capsys):
     z1, z2, latent, louder = _scaled_tie(1, True)  # a sample whose halves disagree on the first feature (0.67)
     np.savez(tmp_path / "emb.npz", z1=z1, z2=z2)
     args = [f"embeddings={tmp_path / 'emb.npz'}"]
     assert rr_main([*args, f"out={tmp_path / 'rr'}"]) == 0
+    assert "features 1-2 are a group whose order two halves of the data do not determine" in capsys.readouterr().out
     assert rr_main([*args, f"out={tmp_path / 'plain'}", "tie_agreement=0"]) == 0
     manifest = json.loads((tmp_path / "rr" / "manifest.json").read_text())
     assert manifest["ties"] == {"agreement_below": 0.95, "groups": [[1, 2]], "paper_groups": [[1, 2]]}
