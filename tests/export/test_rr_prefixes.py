@@ -58,9 +58,9 @@ def test_the_export_reports_its_prefixes_agreement(tmp_path, capsys):
     assert rr_main([f"embeddings={tmp_path / 'emb.npz'}", f"out={tmp_path / 'rr'}"]) == 0
     agree = json.loads((tmp_path / "rr" / "manifest.json").read_text())["reproducibility"]
     assert list(agree) == ["1", "2", "3", "4", "5", "6"] and all(0 <= v <= 1 + 1e-9 for v in agree.values())
-    assert "halves of the data (2000 and 2000 samples, 6 features) agree (1 = the same k features): k=1" in (
-        capsys.readouterr().out
-    )
+    out = capsys.readouterr().out
+    assert "halves of the data (2000 and 2000 samples, 6 features) agree (1 = the same k features): k=1" in out
+    assert f"k=1 {agree['1']:.3f}," in out  # 3 places: an agreement of 0.948 must not print as a 0.95 cut's 0.95
     assert json.loads((tmp_path / "rr" / "manifest.json").read_text())["halves_n"] == [2000, 2000]
     assert rr_main([f"embeddings={tmp_path / 'emb.npz'}", f"out={tmp_path / 'rr2'}", "halves=false"]) == 0
     assert json.loads((tmp_path / "rr2" / "manifest.json").read_text())["reproducibility"] is None
