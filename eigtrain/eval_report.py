@@ -175,7 +175,8 @@ def _constant_and_spectrum_lines(report: dict) -> list[str]:
                 f"{'yes' if row['agrees_5pt'] else 'no'} |"
             )
     if report.get("rr_reproducibility"):  # the export's split-half agreement (eigtrain.rr_prefixes)
-        cells = ", ".join(f"k = {k}: {v:.3f}" for k, v in report["rr_reproducibility"].items())  # 0.948 is below a 0.95 cut
+        agree = report["rr_reproducibility"]  # 3 places: 0.948 is below a 0.95 cut
+        cells = ", ".join(f"k = {k}: {v:.3f}" for k, v in agree.items())
         lines += [
             "",
             "RR prefixes the data determines (top-k features solved on two halves of the data agree; 1 = the same "
