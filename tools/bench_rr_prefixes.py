@@ -4,9 +4,11 @@ Trains the quickstart recipe (SCL, l2-normalized, joint nesting, tiny CNN, digit
 seed with its own defaults (2 CPU threads; eigtrain-rr's data workers), runs eigtrain-rr (its split-half agreement,
 eigtrain.rr_prefixes) and writes the first eigenvalues (the manifest's spectrum, before tie ordering) and the
 agreement of each prefix to benchmarks/rr_prefixes.json; README's sentence on it is checked against that file
-(tests/system/test_readme_headline.py).
+(tests/system/test_readme_headline.py). Then, per run, how far RR's prefixes depend on the augmentation draws of
+its one pass: eigtrain-rr again with `seed=0..DRAWS-1` (the views; the model is the same) and eigtrain-eval's SGD
+probe at k = 4, 8, 16 for each export, PCA of the same embedding beside it.
 
-    python tools/bench_rr_prefixes.py [STEPS=300] [SEEDS=3]
+    python tools/bench_rr_prefixes.py [STEPS=300] [SEEDS=3] [DRAWS=5]
 """
 
 import json
@@ -14,13 +16,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from eigtrain.evaluate import EvalConfig, evaluate
 from eigtrain.rr_job import main as rr_main
 from eigtrain.train import compose_config, run
 
 OUT = Path("benchmarks/rr_prefixes.json")
 
 
-def seed_row(tmp: Path, steps: int, seed: int) -> dict:
+def seed_row(tmp: Path, steps: int, seed: int, draws: int) -> dict:
     run_dir = tmp / f"seed{seed}"
     overrides = ["experiment=quickstart", f"run_dir={run_dir}", "data.root=data/digits", f"steps={steps}"]
     overrides += [f"checkpoint_every={steps}", f"seed={seed}", "logging.progress=false"]
@@ -32,12 +35,28 @@ def seed_row(tmp: Path, steps: int, seed: int) -> dict:
         "eigenvalues_first8": [round(v, 4) for v in manifest["spectrum"][:8]],
         "agreement": manifest["reproducibility"],
         "halves_n": manifest["halves_n"],
+        "by_draw": by_draw(run_dir, draws),
     }
 
 
+def by_draw(run_dir: Path, draws: int) -> dict:
+    """Probe accuracy (%) at k = 4, 8, 16 of RR exported with each augmentation seed, and of PCA."""
+    rows, pca = [], None
+    for draw in range(draws):
+        export = run_dir / f"rr-draw{draw}"
+        assert rr_main([f"run_dir={run_dir}", f"seed={draw}", f"out={export}"]) == 0
+        out = str(run_dir / f"eval-draw{draw}")
+        evaluate(EvalConfig(run_dir=str(run_dir), rr=str(export), retrieval="none", dims=[4, 8, 16], out=out))
+        report = json.loads((Path(out) / "report.json").read_text())
+        percent = lambda m: [round(100 * report["accuracy"][m][k], 2) for k in ("4", "8", "16")]  # noqa: E731
+        rows.append(percent("RR"))
+        pca = percent("PCA")
+    return {"dims": [4, 8, 16], "RR": rows, "PCA": pca}
+
+
 if __name__ == "__main__":
-    steps, seeds = (int(a) for a in (sys.argv[1:] + ["300", "3"][len(sys.argv[1:]) :])[:2])
+    steps, seeds, draws = (int(a) for a in (sys.argv[1:] + ["300", "3", "5"][len(sys.argv[1:]) :])[:3])
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [seed_row(Path(tmp), steps, seed) for seed in range(seeds)]
-    OUT.write_text(json.dumps({"steps": steps, "runs": rows}, indent=1) + "\n")
-    print(json.dumps({"steps": steps, "runs": rows}))
+        rows = [seed_row(Path(tmp), steps, seed, draws) for seed in range(seeds)]
+    OUT.write_text(json.dumps({"steps": steps, "draws": draws, "runs": rows}, indent=1) + "\n")
+    print(json.dumps({"steps": steps, "draws": draws, "runs": rows}))
