@@ -5,8 +5,9 @@ seed with its own defaults (2 CPU threads; eigtrain-rr's data workers), runs eig
 eigtrain.rr_prefixes) and writes the first eigenvalues (the manifest's spectrum, before tie ordering) and the
 agreement of each prefix to benchmarks/rr_prefixes.json; README's sentence on it is checked against that file
 (tests/system/test_readme_headline.py). Then, per run, how far RR's prefixes depend on the augmentation draws of
-its one pass: eigtrain-rr again with `seed=0..DRAWS-1` (the views; the model is the same) and eigtrain-eval's SGD
-probe at k = 4, 8, 16 for each export, PCA of the same embedding beside it.
+its one pass: eigtrain-rr again with `seed=0..DRAWS-1` (the views; the model is the same), with and without the
+ordering of the groups the halves do not order (tie_agreement=0), and eigtrain-eval's SGD probe at k = 4, 8, 16
+for each export, PCA of the same embedding beside it.
 
     python tools/bench_rr_prefixes.py [STEPS=300] [SEEDS=3] [DRAWS=5]
 """
@@ -40,18 +41,20 @@ def seed_row(tmp: Path, steps: int, seed: int, draws: int) -> dict:
 
 
 def by_draw(run_dir: Path, draws: int) -> dict:
-    """Probe accuracy (%) at k = 4, 8, 16 of RR exported with each augmentation seed, and of PCA."""
-    rows, pca = [], None
+    """Probe accuracy (%) at k = 4, 8, 16 of RR exported with each augmentation seed, with its groups ordered by
+    variance (the default) and in eigenvalue order alone (tie_agreement=0), and of PCA."""
+    rows, pca = {"RR": [], "RR, tie_agreement=0": []}, None
     for draw in range(draws):
-        export = run_dir / f"rr-draw{draw}"
-        assert rr_main([f"run_dir={run_dir}", f"seed={draw}", f"out={export}"]) == 0
-        out = str(run_dir / f"eval-draw{draw}")
-        evaluate(EvalConfig(run_dir=str(run_dir), rr=str(export), retrieval="none", dims=[4, 8, 16], out=out))
-        report = json.loads((Path(out) / "report.json").read_text())
-        percent = lambda m: [round(100 * report["accuracy"][m][k], 2) for k in ("4", "8", "16")]  # noqa: E731
-        rows.append(percent("RR"))
-        pca = percent("PCA")
-    return {"dims": [4, 8, 16], "RR": rows, "PCA": pca}
+        for name, extra in (("RR", []), ("RR, tie_agreement=0", ["tie_agreement=0"])):
+            export = run_dir / f"rr-draw{draw}-{len(extra)}"
+            assert rr_main([f"run_dir={run_dir}", f"seed={draw}", f"out={export}", *extra]) == 0
+            out = run_dir / f"eval-draw{draw}-{len(extra)}"
+            evaluate(EvalConfig(run_dir=str(run_dir), rr=str(export), retrieval="none", dims=[4, 8, 16], out=str(out)))
+            report = json.loads((out / "report.json").read_text())
+            percent = lambda m: [round(100 * report["accuracy"][m][k], 2) for k in ("4", "8", "16")]  # noqa: E731
+            rows[name].append(percent("RR"))
+            pca = percent("PCA")
+    return {"dims": [4, 8, 16], **rows, "PCA": pca}
 
 
 if __name__ == "__main__":

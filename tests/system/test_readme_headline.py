@@ -26,8 +26,8 @@ def test_readme_headline_is_the_claims_table(monkeypatch):
 
 def test_readme_prose_beside_the_table_says_what_the_reports_hold(monkeypatch):
     """The sentences under the table: 4 random coordinates lose about 35-40 points against the first 4 ordered ones;
-    at k = 4 Rayleigh-Ritz is about 1 point ahead of PCA and 2 ahead of joint nesting, at 16 half a point behind
-    both; SCL's spectrum is flat."""
+    at k = 4 RR, JN and PCA are level on the mean; at 8 RR leads both, at 16 it lies between them; SCL's spectrum
+    is flat."""
     monkeypatch.chdir(ROOT)
     claims = _claims_table()
     reports = claims.load()["scl"].values()
@@ -38,40 +38,69 @@ def test_readme_prose_beside_the_table_says_what_the_reports_hold(monkeypatch):
     readme = (ROOT / "README.md").read_text()
     assert "4 arbitrary coordinates lose about 35–40 points" in readme
     assert 35 <= min(mean("RR"), mean("JN")) - mean("RS") <= 40
-    assert "At k = 4 Rayleigh–Ritz is about 1 point ahead of PCA\nand 2 ahead of joint nesting" in readme
-    assert 0.5 <= mean("RR") - mean("PCA") <= 1.5 and 1.5 <= mean("RR") - mean("JN") <= 2.5
-    assert "from 1.7 points behind PCA to 1.2 ahead" in readme and round(mean("RR") - mean("PCA"), 1) == 1.2
-    assert "at k = 16 it is half a point\nbehind both" in readme
-    assert all(0.2 <= mean(m, "16") - mean("RR", "16") <= 0.8 for m in ("PCA", "JN"))
+    assert "At k = 4 Rayleigh–Ritz, joint nesting and PCA\nare level on the mean" in readme
+    assert max(mean(m) for m in ("RR", "JN", "PCA")) - min(mean(m) for m in ("RR", "JN", "PCA")) <= 0.5
+    assert "At k = 8 RR leads PCA and joint nesting; at k = 16 it lies between them" in readme
+    assert mean("RR", "8") > max(mean("PCA", "8"), mean("JN", "8"))
+    assert min(mean("PCA", "16"), mean("JN", "16")) < mean("RR", "16") < max(mean("PCA", "16"), mean("JN", "16"))
     assert "λ₁₆/λ₁ ≈ 0.78" in readme
     assert all(0.76 <= claims.spectrum(e)[15] / claims.spectrum(e)[0] <= 0.80 for _, e in reports)
 
 
-def test_quickstart_rr_at_4_is_within_a_point_of_pca_on_every_seed(monkeypatch):
-    """Issue 22's bar, on the quickstart's recipe at its own 300 steps (3 seeds, the claims benchmark's reports): RR's
-    first 4 features within 1 point of PCA's first 4, or better, on every seed (README: "within a point of PCA or
-    better on every seed"). Before eigtrain-rr ordered the groups its halves do not order by variance, seed 2 was
-    3.1 points behind (80.2 vs 83.3)."""
+def test_quickstart_rr_at_4_against_pca_on_every_seed(monkeypatch):
+    """Issue 22's bar, on the quickstart's own defaults at its 300 steps (the claims benchmark's 3 seeds; seed 0 is
+    the quickstart command's run): RR's first 4 features within 1 point of PCA's first 4, or better. It holds on
+    seeds 1 and 2 (1.1 ahead) and not on seed 0 (1.7 behind), as README says; feature 1 is no constant on any."""
     monkeypatch.chdir(ROOT)
     reports = _claims_table().load()["scl"]
     assert sorted(reports) == [0, 1, 2]
+    gaps = {}
     for seed, (report, _) in reports.items():
-        rr, pca = (100 * report["accuracy"][m]["4"] for m in ("RR", "PCA"))
-        assert rr >= pca - 1, (seed, rr, pca)
+        gaps[seed] = round(100 * (report["accuracy"]["RR"]["4"] - report["accuracy"]["PCA"]["4"]), 1)
         assert report["constant_share"]["RR"][0] < 0.2, seed  # feature 1 is no constant: |mean| / sd < 0.5
-    assert "within a point of PCA or better on every seed" in (ROOT / "README.md").read_text()
+    assert gaps == {0: -1.7, 1: 1.1, 2: 1.1}
+    assert (
+        "per seed RR is 1.1 points ahead of PCA on seeds 1 and 2 and **1.7 behind on seed 0, the\nquickstart "
+        "command's own run**" in (ROOT / "README.md").read_text()
+    )
 
 
 def test_readme_prefix_agreement_is_what_the_benchmark_measured():
-    """README: on 3 quickstart runs the top 5 features agree across halves of the data to 0.97-0.98, the top 4 only
-    to 0.74-0.87 (benchmarks/rr_prefixes.json, written by tools/bench_rr_prefixes.py)."""
+    """README: on the 3 quickstart runs the top 5 features agree across halves of the data to 0.96-0.99, the top 4
+    only to 0.73-0.82 (benchmarks/rr_prefixes.json, written by tools/bench_rr_prefixes.py)."""
     runs = json.loads((ROOT / "benchmarks" / "rr_prefixes.json").read_text())["runs"]
     top5, top4 = ([r["agreement"][k] for r in runs] for k in ("5", "4"))
-    assert len(runs) == 3 and "the top 5 to 0.97–0.98, the top 4 only to 0.74–0.87" in (ROOT / "README.md").read_text()
+    assert len(runs) == 3 and "the top 5 to\n0.96–0.99, the top 4 only to 0.73–0.82" in (ROOT / "README.md").read_text()
     assert (round(min(top5), 2), round(max(top5), 2), round(min(top4), 2), round(max(top4), 2)) == (
-        0.97,
-        0.98,
-        0.74,
-        0.87,
+        0.96,
+        0.99,
+        0.73,
+        0.82,
     )
     assert max(top4) < min(top5)  # the cut at 4 is the less determined one on every run
+
+
+def test_readme_tie_ordering_effect_is_what_the_draws_measured():
+    """README: over 5 augmentation draws of eigtrain-rr on each of the 3 quickstart runs, ordering the groups the
+    halves do not order took RR at k = 4 from 83.2 % to 84.5 % on the mean (PCA 84.4), within a point of PCA or
+    better in 11 of the 15 exports against 8 in eigenvalue order, for 0.2 points at k = 16."""
+    bench = json.loads((ROOT / "benchmarks" / "rr_prefixes.json").read_text())
+    runs = bench["runs"]
+    assert bench["draws"] == 5 and len(runs) == 3
+
+    def mean(name, i):
+        return sum(row[i] for r in runs for row in r["by_draw"][name]) / 15
+
+    def within(name):
+        return sum(row[0] >= r["by_draw"]["PCA"][0] - 1 for r in runs for row in r["by_draw"][name])
+
+    plain = "RR, tie_agreement=0"
+    pca = sum(r["by_draw"]["PCA"][0] for r in runs) / 3
+    assert (round(mean(plain, 0), 1), round(mean("RR", 0), 1), round(pca, 1)) == (83.2, 84.5, 84.4)
+    assert (within("RR"), within(plain)) == (11, 8)
+    assert round(mean(plain, 2) - mean("RR", 2), 1) == 0.2
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (
+        "took RR at k = 4 from 83.2 % to 84.5 % on the mean (PCA 84.4) and put it within a point of PCA or better in "
+        "11 of the 15 exports, against 8 in eigenvalue order, for 0.2 points at k = 16" in readme
+    )
