@@ -25,11 +25,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .augment_draws import Draws, Sampler, draw
+from .augment_draws import Draws, Generators, Sampler, draw
 from .augment_ops import colour_blur_solarize, crop_one, resample, select, where
 from .augment_recipes import NORMALIZATION, PRESETS, ViewRecipe
-
-Generators = torch.Generator | list[torch.Generator] | None  # one for the batch, or one per sample
 
 
 def build_augment(

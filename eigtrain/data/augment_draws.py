@@ -56,6 +56,9 @@ def _list(mask: torch.Tensor | None) -> list | None:
     return None if mask is None else mask.tolist()
 
 
+Generators = torch.Generator | list[torch.Generator] | None  # one for the batch, or one per sample
+
+
 class Sampler:
     """Per-sample random numbers, on the data's device, from one generator for the whole batch or from one CPU
     generator per sample (a list): then each sample's draws depend on its own generator only, not on the batch
@@ -63,12 +66,12 @@ class Sampler:
 
     BLOCK = 64  # per-sample numbers drawn at once (one view uses ~40): one small call per sample, not per draw
 
-    def __init__(self, generator: torch.Generator | list[torch.Generator] | None, device: torch.device, batch: int):
+    def __init__(self, generator: Generators, device: torch.device, batch: int):
         self.generator, self.device, self.batch = generator, device, batch
         if isinstance(generator, list) and len(generator) != batch:
             raise ValueError(f"{len(generator)} per-sample generators for a batch of {batch}")
         self.source = generator.device if isinstance(generator, torch.Generator) else device
-        self.stock = torch.empty(batch, 0)  # per-sample mode: each row the next numbers of its sample's generator
+        self.stock: torch.Tensor | None = None  # per-sample mode: each row the next numbers of its sample's generator
 
     def uniform(self, lo: float, hi: float, *shape: int) -> torch.Tensor:
         if isinstance(self.generator, list):
@@ -81,9 +84,9 @@ class Sampler:
         return self.uniform(0.0, 1.0) < p
 
     def _take(self, count: int) -> torch.Tensor:
-        while self.stock.shape[1] < count:
+        while self.stock is None or self.stock.shape[1] < count:
             block = torch.stack([torch.rand(self.BLOCK, generator=g) for g in self.generator])
-            self.stock = torch.cat([self.stock, block], 1)
+            self.stock = block if self.stock is None else torch.cat([self.stock, block], 1)
         taken, self.stock = self.stock[:, :count], self.stock[:, count:]
         return taken
 
