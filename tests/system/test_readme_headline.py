@@ -104,3 +104,27 @@ def test_readme_tie_ordering_effect_is_what_the_draws_measured():
         "took RR at k = 4 from 83.2 % to 84.5 % on the mean (PCA 84.4) and put it within a point of PCA or better in "
         "11 of the 15 exports, against 8 in eigenvalue order, for 0.2 points at k = 16" in readme
     )
+
+
+def test_the_claims_scl_runs_are_the_quickstart_commands_runs(monkeypatch, tmp_path):
+    """README: the claims benchmark keeps the quickstart's own defaults, "so seed 0 is the quickstart command's run":
+    its SCL training config is tools/quickstart.sh's (with STEPS=300) but for where it writes and how it logs, and
+    its eigtrain-rr call adds nothing to the run directory."""
+    from omegaconf import OmegaConf
+
+    from eigtrain.train import compose_config
+
+    spec = importlib.util.spec_from_file_location("bench_claims", ROOT / "tools" / "bench_claims.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    seen = []
+    monkeypatch.setattr(bench, "run", seen.append)
+    bench.train(tmp_path / "main", 300, 0, "scl")
+    quickstart = compose_config(["experiment=quickstart", "run_dir=X", "steps=300", "logging.wandb.mode=disabled"])
+    mine, theirs = (OmegaConf.to_container(c, resolve=False) for c in (seen[0], quickstart))
+    for cfg in (mine, theirs):  # where it writes, how often it checkpoints and whether it prints progress
+        cfg.pop("run_dir"), cfg.pop("checkpoint_every"), cfg["logging"].pop("progress")
+        cfg["data"]["root"] = str(Path(cfg["data"]["root"]))
+    assert mine == theirs
+    assert 'rr_main([f"run_dir={main}"])' in (ROOT / "tools" / "bench_claims.py").read_text()  # eigtrain-rr's defaults
+    assert "seed 0 is the quickstart command's run" in (ROOT / "README.md").read_text()
