@@ -31,6 +31,7 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     for method, row in acc.items():
         cells = [f"{100 * row[k]:.2f}" if k in row else "–" for k in dims]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    lines += _paired_lines(report)
     if report["ordering"]:
         lines += ["", "Ordering check (RR, first k vs last k features):", ""]
         lines.append("| k | top-k | bottom-k |")
@@ -92,6 +93,33 @@ def _extra_rows(report: dict, acc: dict):
                 for k, v in report.get("storage", {}).items()
             },
         )
+
+
+def _paired_lines(report: dict) -> list[str]:
+    """Differences between methods on the same test samples, each with its 95 % bootstrap interval."""
+    paired = report.get("paired")
+    if not paired:
+        return []
+    dims = report["dims"]
+    n = next(iter(next(iter(paired.values())).values()))["n"]
+    lines = [
+        "",
+        f"Differences (points) on the same {n} test samples, 95 % bootstrap interval in brackets, then how many "
+        "samples only the first / only the second gets right; an interval that holds 0 does not tell the two apart:",
+        "",
+        "| Comparison \\ Dims | " + " | ".join(str(k) for k in dims) + " |",
+        "|---|" + "---|" * len(dims),
+    ]
+    for name, row in paired.items():
+        cells = [
+            f"{100 * c['difference']:+.2f} [{100 * c['low']:+.2f}, {100 * c['high']:+.2f}] "
+            f"({c['first_only']}/{c['second_only']})"
+            if (c := row.get(k))
+            else "–"
+            for k in dims
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _retrieval_lines(report: dict) -> list[str]:

@@ -6,7 +6,8 @@ At each dimension k in {4, 8, ..., d}, a linear probe on frozen features for:
   FF  separately trained k-dimensional encoders (when given),
   RS  k random coordinates of the full embedding, averaged over many draws (trained in parallel),
   PCA the first k principal components of the same full embedding (the unsupervised baseline),
-plus an ordering check (RR top-k vs bottom-k) and kNN accuracy. At every k also: retrieval (1-NN accuracy
+plus the paired differences against PCA (on the same test samples, with bootstrap intervals: `PAIRED`), an
+ordering check (RR top-k vs bottom-k) and kNN accuracy. At every k also: retrieval (1-NN accuracy
 against the training split, recall@{1,10} within the validation split; eigtrain.retrieval), bytes per
 vector (fp32/fp16/int8), measured exact-search time per query, and the smallest k within 1 and 5 points of
 each method's accuracy at full dimension.
@@ -33,12 +34,15 @@ from .probes import (
     constant_shares,
     dims_for,
     knn_accuracy,
+    paired_difference,
     pca_features,
-    probe_accuracy,
+    probe_correct,
     smallest_k_within,
     spectrum_report,
 )
 from .redact import redact_url
+
+PAIRED = (("RR", "PCA"), (RR_PAPER, "PCA"), ("JN", "PCA"), ("FF", "PCA"), ("RR", RR_PAPER))  # the differences reported
 
 
 def adaptive_dimension_table(
@@ -66,17 +70,22 @@ def adaptive_dimension_table(
     train, test = dict(train), dict(test)
     if pca and "raw" in train:
         train["pca"], test["pca"] = pca_features(train["raw"], test["raw"])
-    acc = lambda tr, te: probe_accuracy(tr, train_y, te, test_y, probe=probe, seed=seed, **probe_kwargs)  # noqa: E731
+    hits = lambda tr, te: probe_correct(tr, train_y, te, test_y, probe=probe, seed=seed, **probe_kwargs)  # noqa: E731
+    acc = lambda tr, te: hits(tr, te).mean(-1)  # noqa: E731
     results: dict[str, dict[int, float]] = {}
+    correct: dict[str, dict[int, torch.Tensor]] = {}  # per method and k: which test samples its probe got right
     prefixes = {label: name for name, label in PREFIX_METHODS if name in train}
-    first_k = lambda name: {k: acc(train[name][:, :k], test[name][:, :k]).item() for k in dims}  # noqa: E731
-    for label in ("RR", RR_PAPER, "JN"):  # table order: RR, RR (paper), JN, FF, PCA, RS
-        if label in prefixes:
-            results[label] = first_k(prefixes[label])
-    if fixed:
-        results["FF"] = {k: acc(*fixed[k]).item() for k in dims if k in fixed}
-    if "PCA" in prefixes:
-        results["PCA"] = first_k("pca")
+
+    def score(label: str, pairs: Mapping[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        correct[label] = {k: hits(*pair)[0] for k, pair in pairs.items()}
+        results[label] = {k: c.mean().item() for k, c in correct[label].items()}
+
+    for label in ("RR", RR_PAPER, "JN", "FF", "PCA"):  # table order: RR, RR (paper), JN, FF, PCA, RS
+        if label == "FF" and fixed:
+            score("FF", {k: fixed[k] for k in dims if k in fixed})
+        elif label in prefixes:
+            name = prefixes[label]
+            score(label, {k: (train[name][:, :k], test[name][:, :k]) for k in dims})
     subsets = {}
     if "raw" in train and random_draws > 0:
         gen = torch.Generator().manual_seed(seed)
@@ -106,6 +115,13 @@ def adaptive_dimension_table(
         "ordering": ordering,
         "knn": knn,
         "constant_share": constant_shares(test, prefixes, fixed),
+        "paired": {  # accuracy differences on the same test samples, with their bootstrap intervals
+            f"{a} vs {b}": {
+                k: paired_difference(correct[a][k], correct[b][k], seed=seed) for k in correct[a] if k in correct[b]
+            }
+            for a, b in PAIRED
+            if a in correct and b in correct
+        },
     }
     if retrieval_backend is not None:
         report.update(

@@ -25,7 +25,12 @@ def _standardize(train: torch.Tensor, test: torch.Tensor):
     return (train - mean) / std, (test - mean) / std
 
 
-def probe_accuracy(
+def probe_accuracy(*args, **kwargs) -> torch.Tensor:
+    """Test accuracy of linear probes: `probe_correct` averaged over the test samples (a tensor of R accuracies)."""
+    return probe_correct(*args, **kwargs).mean(-1)
+
+
+def probe_correct(
     train_x: torch.Tensor,
     train_y: torch.Tensor,
     test_x: torch.Tensor,
@@ -39,8 +44,8 @@ def probe_accuracy(
     ridge: float = 1e-3,
     seed: int = 0,
 ) -> torch.Tensor:
-    """Test accuracy of linear probes. Inputs (n, k) or a stack of R independent problems (R, n, k);
-    returns a tensor of R accuracies (R = 1 for 2-D input). The R probes train in parallel."""
+    """Which test samples linear probes classify right (1) or wrong (0). Inputs (n, k) or a stack of R
+    independent problems (R, n, k); returns (R, n_test) (R = 1 for 2-D input). The R probes train in parallel."""
     if probe not in ("sgd", "closed_form"):
         raise ValueError(f"probe={probe!r} is unknown; allowed: sgd, closed_form")
     squeeze = train_x.ndim == 2
@@ -71,8 +76,29 @@ def probe_accuracy(
                 w.sub_(velocity, alpha=lr * 0.5 * (1 + math.cos(math.pi * step / total)))  # cosine schedule
                 step += 1
     test_b = torch.cat([test_x, torch.ones(reps, len(test_y), 1)], -1)
-    acc = ((test_b @ w).argmax(-1) == test_y.long()).to(F32).mean(-1)
-    return acc
+    return ((test_b @ w).argmax(-1) == test_y.long()).to(F32)
+
+
+def paired_difference(first: torch.Tensor, second: torch.Tensor, draws: int = 10000, seed: int = 0) -> dict:
+    """first's accuracy minus second's on the same test samples (`probe_correct` rows), with a 95 % percentile
+    bootstrap interval over the test set. Only the samples exactly one of the two gets right move the difference,
+    so a resample is a multinomial draw of (first only, second only, the rest): exact, O(draws) for any test set."""
+    import numpy as np
+
+    n = len(first)
+    first_only = int(((first > 0) & (second == 0)).sum())
+    second_only = int(((first == 0) & (second > 0)).sum())
+    p = np.array([first_only, second_only, n - first_only - second_only], dtype=np.float64) / n
+    counts = np.random.default_rng(seed).multinomial(n, p, size=draws)
+    low, high = np.quantile((counts[:, 0] - counts[:, 1]) / n, [0.025, 0.975])
+    return {
+        "difference": (first_only - second_only) / n,
+        "low": float(low),
+        "high": float(high),
+        "first_only": first_only,
+        "second_only": second_only,
+        "n": n,
+    }
 
 
 def _row_blocks(x: torch.Tensor, block: int = 65536):

@@ -8,7 +8,8 @@ Measured on the quickstart (SCL, digits, 3 seeds; tools/bench_rr_prefixes.py): t
 0.995-0.986; the top-5 subspace agreed across halves to 0.97-0.98, the top 4 only to 0.74-0.87 and the top 1 to
 0.43-0.78: which 4 of those 5 come first follows the sample, which is why Rayleigh-Ritz at k = 4 varied by
 several points between augmentation draws while k = 5 and 8 did not; ordered by variance inside such groups,
-it no longer fell behind PCA there (benchmarks/claims.md).
+it was level with PCA there on the mean of 15 exports (84.5 vs 84.4 %; one run of three, 1.7 behind at its
+default draw: benchmarks/claims.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from PIL import Image
 
 from eigtrain.eval_report import write_report
 from eigtrain.evaluate import adaptive_dimension_table
-from eigtrain.probes import dims_for, knn_accuracy, probe_accuracy
+from eigtrain.probes import dims_for, knn_accuracy, paired_difference, probe_accuracy, probe_correct
 from tests.support.finite_kernels import blobs
 
 
@@ -23,6 +23,24 @@ def test_probes_learn_and_parallel_probes_match_single_ones():
     alone = [probe_accuracy(s[:400], y[:400], s[400:], y[400:]).item() for s in stacked]
     torch.testing.assert_close(together, torch.tensor(alone), atol=1e-6, rtol=0)
     assert knn_accuracy(x[:400], y[:400], x[400:], y[400:]) > 0.7
+
+
+def test_paired_difference_is_the_bootstrap_over_test_samples():
+    """The multinomial shortcut gives the interval a bootstrap over the test samples gives; equal rows give 0."""
+    x, y = blobs()
+    first, second = (probe_correct(x[:400, cols], y[:400], x[400:, cols], y[400:])[0] for cols in ([0, 1], [0, 8]))
+    cell = paired_difference(first, second)
+    n = len(first)
+    assert cell["difference"] == (cell["first_only"] - cell["second_only"]) / n and cell["n"] == n == 200
+    assert abs(cell["difference"] - (first.mean() - second.mean()).item()) < 1e-6 and cell["first_only"] > 0
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, n, (10000, n), generator=gen)
+    brute = torch.quantile((first - second)[rows].mean(1).double(), torch.tensor([0.025, 0.975], dtype=torch.float64))
+    assert abs(cell["low"] - brute[0].item()) <= 0.011 and abs(cell["high"] - brute[1].item()) <= 0.011
+    assert cell["high"] - cell["low"] > 0.05  # a real interval, not a point
+    same = paired_difference(first, first.clone())
+    assert (same["difference"], same["low"], same["high"]) == (0.0, 0.0, 0.0)
+    assert paired_difference(first, second) == cell  # seeded: the report is reproducible
 
 
 def test_table_orders_methods_and_writes_readable_report(tmp_path):
@@ -51,8 +69,16 @@ def test_table_orders_methods_and_writes_readable_report(tmp_path):
         report["smallest_k"]["RR"]["accuracy_within_5pt"] == 4
         and report["smallest_k"]["RS"]["accuracy_within_1pt"] == 16
     )
+    # the differences are paired: on the same test samples, so they equal the accuracies' differences
+    paired = report["paired"]
+    assert set(paired) == {"RR vs PCA"}
+    for k in (4, 8, 16):
+        cell = paired["RR vs PCA"][k]
+        assert abs(cell["difference"] - (acc["RR"][k] - acc["PCA"][k])) < 1e-6
+        assert cell["low"] <= cell["difference"] <= cell["high"] and cell["n"] == 200
     paths = write_report(report, tmp_path, title="blobs")
     md = paths["markdown"].read_text()
+    assert "Differences (points) on the same 200 test samples" in md and "| RR vs PCA | " in md
     assert "| RR |" in md and "closed-form" in md and "| PCA |" in md and "| RR 1-NN |" in md and "| PCA R@10 |" in md
     assert "| bytes/vector int8 | 4 | 8 | 16 |" in md and "Smallest k within X points" in md
     csv_rows = paths["csv"].read_text().splitlines()
