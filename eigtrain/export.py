@@ -173,6 +173,7 @@ def rr_manifest(result: RRResult) -> dict:
         "reproducibility": result.extra.get("reproducibility"),  # {k: agreement of two halves} (rr_prefixes)
         "halves_n": result.extra.get("halves_n"),  # the two halves' sample counts
         "ties": result.extra.get("ties"),  # groups the halves do not order, ordered by variance (rr_prefixes)
+        "shrinkage": result.extra.get("shrinkage"),  # the Gram's shrinkage and its intensity (eigtrain.shrinkage)
         "spectrum": [float(v) for v in result.extra.get("spectrum", result.eigenvalues)],  # descending, untied
     }
 

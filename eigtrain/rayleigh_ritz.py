@@ -20,7 +20,8 @@ constant without exporting it. A centered embedding (RQ/VICReg) loses nothing ei
 Rank-deficient embeddings (dead units, duplicated or dependent dimensions, d above the rank) are solved on
 the Gram's numerical range (eigenvalues above rtol * the largest); `RRResult.dims` says how many coordinates
 were dead (no variance over the data), dependent, or spent on the constant. ridge > 0 instead regularizes the
-Gram and keeps every dimension.
+Gram and keeps every dimension. shrinkage="oas" (eigtrain-rr's default, generalized mode) shrinks the Gram on
+its range before whitening (eigtrain.shrinkage).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from .shrinkage import shrink
 
 MODES = ("generalized", "paper-rq", "paper-vicreg", "paper-lora", "svd")
 TRIVIAL = ("exclude", "keep")
@@ -131,19 +134,12 @@ class RRAccumulator:
         n = int(round(head[0].item()))
         mean_f, mean_g = head[1 : 1 + self.dim] / max(n, 1), head[1 + self.dim :] / max(n, 1)
         df, dg = self.mean_f - mean_f, self.mean_g - mean_g
-        shifted = [
-            self.c_ff + self.n * torch.outer(df, df),
-            self.c_gg + self.n * torch.outer(dg, dg),
-            self.c_fg + self.n * torch.outer(df, dg),
-        ]
-        flat = torch.cat([t.reshape(-1) for t in shifted])
+        moments = ((self.c_ff, df, df), (self.c_gg, dg, dg), (self.c_fg, df, dg))
+        flat = torch.cat([(c + self.n * torch.outer(a, b)).reshape(-1) for c, a, b in moments])
         dist.all_reduce(flat, group=group)
         d, e = self.dim, self.dim_right
-        self.c_ff, self.c_gg, self.c_fg = (
-            flat[: d * d].view(d, d),
-            flat[d * d : d * d + e * e].view(e, e),
-            flat[d * d + e * e :].view(d, e),
-        )
+        shapes = ((d, d), (e, e), (d, e))
+        self.c_ff, self.c_gg, self.c_fg = (t.view(s) for t, s in zip(flat.split([d * d, e * e, d * e]), shapes))
         self.n, self.mean_f, self.mean_g = n, mean_f, mean_g
 
     def state_dict(self) -> dict:
@@ -283,8 +279,10 @@ def solve(
     ridge: float = 0.0,
     rtol: float = 1e-10,
     trivial: str = "exclude",
+    shrinkage: str = "none",
 ) -> RRResult:
-    """Solve the Rayleigh-Ritz problem from accumulated moments (see the module docstring)."""
+    """Solve the Rayleigh-Ritz problem from accumulated moments (see the module docstring); shrinkage applies
+    to the generalized mode (extra["shrinkage"]: its intensity)."""
     if mode not in MODES:
         raise ValueError(f"rr mode={mode!r} is unknown; allowed: {', '.join(MODES)}")
     if trivial not in TRIVIAL:
@@ -330,9 +328,12 @@ def solve(
 
     gram, cross = acc.view_moments(center)
     evals, evecs = _range(gram, ridge, rtol, "the embedding")
+    extra = {}
     if mode == "generalized":
+        evals, rho = shrink(evals, acc.n, shrinkage)
+        extra["shrinkage"] = None if shrinkage == "none" else {"method": shrinkage, "intensity": rho}
         w = evecs * evals.rsqrt()
-        values, y = _descending_eigh(w.T @ cross @ w)
+        values, y = _descending_eigh(w.T @ cross @ w * (1 - rho))  # the joint covariance shrunk: K too
         transform = w @ y
     elif mode in ("paper-rq", "paper-vicreg"):  # Algorithms F.1 / F.2: the basis is taken as orthonormal
         values, y = _descending_eigh(evecs.T @ cross @ evecs)  # (on the range: null directions are zero features)
@@ -340,7 +341,7 @@ def solve(
     else:  # paper-lora, Algorithm F.3: LoRA features are Q sqrt(Sigma) psi*, so the Gram's spectrum
         values, transform = evals, evecs * evals.rsqrt()  # the ridge enters Sigma^{-1/2} as in the other modes
     fix_signs(transform)
-    result = RRResult(values, transform, mf, mode, acc.n)
+    result = RRResult(values, transform, mf, mode, acc.n, extra=extra)
     pooled, raw = (acc.mean_f + acc.mean_g) / 2, (raw_f + raw_g) / 2
     result.dims = _dims_report(gram, raw, pooled, exclude, rtol, transform.shape[1])
     if exclude:

@@ -1,7 +1,7 @@
 """eigtrain-rr: one distributed pass of Rayleigh-Ritz, then an ordered-embedding export.
 
-    eigtrain-rr run_dir=DIR [split=train] [mode=generalized] [trivial=exclude|keep] [center=false] [ridge=0]
-                [out=DIR] [overwrite=false]
+    eigtrain-rr run_dir=DIR [split=train] [mode=generalized] [trivial=exclude|keep] [center=false]
+                [shrinkage=oas|none] [ridge=0] [out=DIR] [overwrite=false]
     eigtrain-rr checkpoint=DIR/step-N ...
     eigtrain-rr run_dir=DIR split=val [data.val_shards=PATTERN]   # a data.shards run: its held-out shards
     eigtrain-rr embeddings=FILE.npz out=DIR      # black-box embeddings: arrays z1, z2 (N x d) of positive pairs
@@ -35,6 +35,7 @@ from .probes import dims_for
 from .rayleigh_ritz import MODES, TRIVIAL, RRAccumulator, centered, solve
 from .redact import redact_url
 from .rr_prefixes import agreement_curve, order_ties, prefix_reproducibility, tie_groups
+from .shrinkage import SHRINKAGE
 
 
 @dataclass
@@ -78,7 +79,8 @@ class RRJobConfig:
     mode: str = "generalized"
     trivial: str = "exclude"  # exclude: the constant mode is exported apart, features follow it; keep: the paper's
     center: bool = False
-    ridge: float = 0.0  # > 0: regularize the Gram (every dimension kept) instead of solving on its numerical range
+    ridge: float = 0.0  # > 0 (with shrinkage=none): regularize the Gram, every dimension kept, instead of its range
+    shrinkage: str = "oas"  # oas: the Gram shrunk before whitening, generalized mode (eigtrain.shrinkage) | none
     rank_rtol: float = 1e-10  # the numerical range: Gram eigenvalues above rank_rtol * the largest
     halves: bool = True  # also solve on two halves of the data: how far each prefix is determined (3x the moments)
     tie_agreement: float = 0.95  # halves agreeing below it on a prefix: a group ordered by variance (0: off)
@@ -108,6 +110,10 @@ class RRJobConfig:
             raise ValueError(f"trivial={self.trivial!r} is unknown; allowed: {', '.join(TRIVIAL)}")
         if not 0 <= self.tie_agreement <= 1:
             raise ValueError(f"tie_agreement={self.tie_agreement} must lie in [0, 1] (0: no tie ordering)")
+        if self.shrinkage not in SHRINKAGE:
+            raise ValueError(f"shrinkage={self.shrinkage!r} is unknown; allowed: {', '.join(SHRINKAGE)}")
+        if self.ridge > 0 and self.shrinkage != "none":
+            raise ValueError(f"ridge= and shrinkage={self.shrinkage} both regularize the Gram: give shrinkage=none")
         if not 0 < self.rank_rtol < 1:
             raise ValueError(f"rank_rtol={self.rank_rtol} must lie in (0, 1)")
         if (self.embeddings or self.encoder.name) and not self.out:
@@ -158,7 +164,7 @@ def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, blo
 def solve_both_conventions(acc: RRAccumulator, cfg: RRJobConfig):
     """The export's solve, its ties ordered (`order_ties_of`); when it excludes the trivial mode, the paper's
     convention rides along (paper_*), its ties ordered the same way. extra: reproducibility, halves_n, ties."""
-    kwargs = dict(center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol)
+    kwargs = dict(center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol, shrinkage=cfg.shrinkage)
     solved = solve(acc, cfg.mode, trivial=cfg.trivial, **kwargs)
     curve = agreement_curve(acc, cfg.mode, trivial=cfg.trivial, **kwargs)
     result, groups = order_ties_of(solved, acc, cfg, cfg.trivial, curve)
@@ -207,6 +213,14 @@ def reproducibility_line(overlaps: dict[int, float], halves: list[int], width: i
         f"eigtrain-rr: first-k features solved on two halves of the data ({halves[0]} and {halves[1]} samples, "
         f"{width} features) agree (1 = the same k features): {cells}; a k well below 1 cuts inside a group of "
         f"near-equal eigenvalues"
+    )
+
+
+def shrinkage_line(shrunk: dict, n: int) -> str:
+    """One line on the Gram's shrinkage (eigtrain.shrinkage)."""
+    return (
+        f"eigtrain-rr: the Gram shrunk toward a multiple of the identity before whitening ({shrunk['method'].upper()} "
+        f"from {n} samples: intensity {shrunk['intensity']:.4f}); shrinkage=none solves on the sample moments as they are"
     )
 
 
@@ -276,6 +290,8 @@ def run(cfg: RRJobConfig) -> dict:
         )  # atomic
         print(json.dumps(summary, indent=1))
         print(dimensions_line(result.dims))
+        if result.extra.get("shrinkage"):
+            print(shrinkage_line(result.extra["shrinkage"], acc.n))
         if result.extra["reproducibility"]:
             print(reproducibility_line(result.extra["reproducibility"], result.extra["halves_n"], width))
         if result.extra["ties"] and result.extra["ties"]["groups"]:

@@ -28,6 +28,7 @@ def agreement_curve(
     ridge: float = 0.0,
     rtol: float = 1e-10,
     trivial: str = "exclude",
+    shrinkage: str = "none",
 ) -> torch.Tensor | None:
     """How far each prefix is determined by the data: entry k-1 for the first k features. Rayleigh-Ritz is solved
     on each of the accumulator's two halves and their top-k subspaces are compared in the data's metric (the Gram of
@@ -37,7 +38,7 @@ def agreement_curve(
     Every k at once: a QR of each half's whitened transform spans every prefix (O(d^3) in all)."""
     if acc.halves is None or acc.pairs or min(h.n for h in acc.halves) < 2:
         return None
-    kwargs = dict(center=center, ridge=ridge, rtol=rtol, trivial=trivial)
+    kwargs = dict(center=center, ridge=ridge, rtol=rtol, trivial=trivial, shrinkage=shrinkage)
     first, second = (solve(h, mode, **kwargs) for h in acc.halves)
     gram, _ = acc.view_moments(centered(mode, center, trivial))
     evals, evecs = torch.linalg.eigh(gram)
@@ -69,10 +70,12 @@ def order_ties(result: RRResult, acc: RRAccumulator, groups: list[list[int]], ce
     share of the embedding's variance each feature explains, i.e. the embedding's principal components within the
     group. A feature psi = (z - m) @ t with E[psi^2] = 1 explains ||E[(z - m) psi]||^2 = ||G t||^2 of it (G the
     second moment the solve used; for a PCA component, its variance). Eigenvalues become each new feature's
-    Rayleigh quotient; their sum per group, and every prefix that ends at a group's edge, are unchanged. center: the
+    Rayleigh quotient (under the Gram the solve used, shrunk or not); their sum per group, and every prefix that
+    ends at a group's edge, are unchanged. center: the
     moments the solve used were centered (`centered`)."""
     gram, cross = acc.view_moments(center)
     transform, values = result.transform.clone(), result.eigenvalues.clone()
+    kept = 1 - (result.extra.get("shrinkage") or {}).get("intensity", 0.0)  # the solve's factor on the cross moment
     for first, last in groups:
         part = transform[:, first - 1 : last]
         explained = gram @ part
@@ -80,7 +83,7 @@ def order_ties(result: RRResult, acc: RRAccumulator, groups: list[list[int]], ce
         part = part @ rotation.flip(1)
         fix_signs(part)
         transform[:, first - 1 : last] = part
-        values[first - 1 : last] = torch.einsum("di,de,ei->i", part, cross, part)
+        values[first - 1 : last] = kept * torch.einsum("di,de,ei->i", part, cross, part)
     return replace(result, transform=transform, eigenvalues=values, extra=dict(result.extra))
 
 

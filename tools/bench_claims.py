@@ -6,13 +6,12 @@ k in {4, 8, 16}, RS — for SCL and VICReg (paper form), and the eigenvalue deca
 
 Each cell trains the quickstart recipe (tiny CNN, digits, dim 32, joint nesting) for STEPS steps, fixed-size
 encoders (nesting=none) at 4, 8, 16, runs eigtrain-rr (trivial mode excluded; the paper's convention rides
-along) and eigtrain-eval with the paper's SGD probe (softmax regression, 50 epochs, cosine schedule).
+along; again with shrinkage=none, its rows "..., shrinkage=none") and eigtrain-eval with the paper's SGD probe (softmax regression, 50 epochs, cosine schedule).
 Training and eigtrain-rr keep the quickstart's own defaults (its 2 CPU threads, eigtrain-rr's data workers), so
 the `scl` cell at 300 steps is `bash tools/quickstart.sh` at that seed (the seed-0 model is bit-identical).
 """
 
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -61,7 +60,8 @@ def cell(steps: int, seed: int, objective: str) -> None:
             train(Path(tmp) / f"ff{k}", steps, seed, objective, "nesting=none", f"dim={k}")
             ffs.append(str(Path(tmp) / f"ff{k}"))
         assert rr_main([f"run_dir={main}"]) == 0
-        evaluate(
+        assert rr_main([f"run_dir={main}", "shrinkage=none", f"out={main / 'rr-none'}"]) == 0
+        report, _ = evaluate(
             EvalConfig(
                 run_dir=str(main),
                 ff_run_dirs=ffs,
@@ -71,10 +71,27 @@ def cell(steps: int, seed: int, objective: str) -> None:
                 out=str(Path(tmp) / "eval"),
             )
         )
+        unshrunk, _ = evaluate(  # the same model's export on the sample moments as they are, beside the default
+            EvalConfig(
+                run_dir=str(main),
+                rr=str(main / "rr-none"),
+                probe="sgd",
+                retrieval="none",
+                pca=False,
+                random_draws=0,
+                dims=[4, 8, 16, 32],
+                out=str(Path(tmp) / "eval-none"),
+            )
+        )
+        for method in ("RR", "RR (paper)"):
+            report["accuracy"][f"{method}, shrinkage=none"] = unshrunk["accuracy"][method]
         out.mkdir(parents=True, exist_ok=True)
-        shutil.copy(Path(tmp) / "eval" / "report.json", out / "report.json")
-        manifest = json.loads((main / "rr" / "manifest.json").read_text())
-        (out / "eigenvalues.json").write_text(json.dumps({"eigenvalues": manifest["spectrum"], "steps": steps}) + "\n")
+        (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        spectra = {
+            name: json.loads((main / d / "manifest.json").read_text())["spectrum"]
+            for name, d in (("eigenvalues", "rr"), ("eigenvalues, shrinkage=none", "rr-none"))
+        }
+        (out / "eigenvalues.json").write_text(json.dumps({**spectra, "steps": steps}) + "\n")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from pathlib import Path
 
 ROOT = Path("benchmarks/claims")
 METHODS = ("RR", "RR (paper)", "JN", "FF", "PCA", "RS")
+UNSHRUNK = ("RR, shrinkage=none", "RR (paper), shrinkage=none")  # the same export on the sample moments as they are
+SPECTRA = ("eigenvalues", "eigenvalues, shrinkage=none")
 DIMS = ("4", "8", "16")
 NAMES = {
     "scl": "SCL",
@@ -29,10 +31,11 @@ def load() -> dict:
     return cells
 
 
-def spectrum(eigenvalues: dict) -> list[float]:
+def spectrum(eigenvalues: dict, key: str = "eigenvalues") -> list[float]:
     """An export's spectrum, largest first (the manifest's `spectrum`: eigtrain-rr's exported `eigenvalues` are each
-    feature's Rayleigh quotient after it orders groups of near-equal eigenvalues by variance, and need not descend)."""
-    return sorted(eigenvalues["eigenvalues"], reverse=True)
+    feature's Rayleigh quotient after it orders groups of near-equal eigenvalues by variance, and need not descend);
+    key "eigenvalues, shrinkage=none": the paper's algorithm, on the sample moments as they are."""
+    return sorted(eigenvalues[key], reverse=True)
 
 
 def fmt(values: list[float]) -> str:
@@ -46,7 +49,7 @@ def table(cells: dict) -> list[str]:
     lines = []
     for objective, seeds in cells.items():
         lines += ["", f"### {NAMES.get(objective, objective)} — {caption(seeds)}", ""] + method_rows(
-            seeds, METHODS, DIMS
+            seeds, METHODS + UNSHRUNK, DIMS
         )
     return lines
 
@@ -109,15 +112,18 @@ def spectrum_lines(cells: dict) -> list[str]:
         "",
         "### Spectrum's k vs measured k (RR), and spectrum flatness",
         "",
-        "| objective | seed | k: 50 % Σλ | k: 90 % Σλ | measured, 1 pt | measured, 5 pt | λ₁ | λ₁₆ / λ₁ |",
-        "|---|---|---|---|---|---|---|---|",
+        "| objective | seed | k: 50 % Σλ | k: 90 % Σλ | measured, 1 pt | measured, 5 pt | λ₁ | λ₁₆ / λ₁ | λ₁₆ / λ₁, "
+        "shrinkage=none |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for objective, seeds in cells.items():
         for seed, (r, e) in sorted(seeds.items()):
-            sug, meas, lam = r["spectrum"]["suggested"], r["spectrum"]["measured"], spectrum(e)
+            sug, meas = r["spectrum"]["suggested"], r["spectrum"]["measured"]
+            lam, raw = spectrum(e), spectrum(e, SPECTRA[1])
             lines.append(
                 f"| {NAMES.get(objective, objective)} | {seed} | {sug['sum_0.5']['k_on_grid']} | "
-                f"{sug['sum_0.9']['k_on_grid']} | {meas['1pt']} | {meas['5pt']} | {lam[0]:.3f} | {lam[15] / lam[0]:.3f} |"
+                f"{sug['sum_0.9']['k_on_grid']} | {meas['1pt']} | {meas['5pt']} | {lam[0]:.3f} | {lam[15] / lam[0]:.3f} | "
+                f"{raw[15] / raw[0]:.3f} |"
             )
     return lines
 
@@ -131,19 +137,22 @@ def plot(cells: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
     for i, (objective, seeds) in enumerate(cells.items()):
         for j, (_, e) in enumerate(seeds.values()):
-            values = spectrum(e)
-            ax.plot(
-                range(1, len(values) + 1),
-                values,
-                color=f"C{i}",
-                alpha=0.8,
-                label=NAMES.get(objective, objective) if j == 0 else None,
-            )
+            for key, style in zip(SPECTRA, ("-", ":")):
+                values = spectrum(e, key)
+                label = NAMES.get(objective, objective) + (", shrinkage=none" if style == ":" else "")
+                ax.plot(
+                    range(1, len(values) + 1),
+                    values,
+                    style,
+                    color=f"C{i}",
+                    alpha=0.8,
+                    label=label if j == 0 else None,
+                )
     ax.set_xlabel("index i (beyond the trivial mode)")
     ax.set_ylabel("Rayleigh–Ritz eigenvalue")
     ax.set_title("eigenvalue decay on digits, SCL vs VICReg", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -48,8 +48,8 @@ def test_timm_model_on_foreign_shards_is_ordered_with_unit_gram(foreign_shards, 
 
     out = tmp_path / "rr"
     assert (
-        rr_main(_args(foreign_shards, out, "num_workers=0", "trivial=keep", "tie_agreement=0")) == 0
-    )  # the paper's convention: raw span
+        rr_main(_args(foreign_shards, out, "num_workers=0", "trivial=keep", "tie_agreement=0", "shrinkage=none")) == 0
+    )  # the paper's convention: raw span; the sample moments as they are (the shrinkage: test_rr_export)
     tensors = load_file(str(out / "rr.safetensors"))
     values, transform = tensors["eigenvalues"], tensors["transform"]
     manifest = json.loads((out / "manifest.json").read_text())
@@ -64,7 +64,7 @@ def test_timm_model_on_foreign_shards_is_ordered_with_unit_gram(foreign_shards, 
 
     # The exported basis is orthonormal for the Gram of the pairs it was fitted on: recompute the moments with
     # the same one-pass reduction (deterministic on CPU) and check transform^T G transform = I.
-    cfg = parse_args(_args(foreign_shards, out, "num_workers=0", "trivial=keep", "tie_agreement=0"))
+    cfg = parse_args(_args(foreign_shards, out, "num_workers=0", "trivial=keep", "tie_agreement=0", "shrinkage=none"))
     env = SimpleNamespace(rank=0, world_size=1, local_rank=0)
     acc, expected, _ = reduce_external(cfg, env, torch.device("cpu"))
     assert expected == acc.n == N
