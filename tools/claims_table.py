@@ -139,7 +139,7 @@ def plot(cells: dict, path: Path) -> None:
         for j, (_, e) in enumerate(seeds.values()):
             for key, style in zip(SPECTRA, ("-", ":")):
                 values = spectrum(e, key)
-                label = NAMES.get(objective, objective) + (", shrinkage=none" if style == ":" else "")
+                label = objective + (", shrinkage=none" if style == ":" else "")  # the variant's short name
                 ax.plot(
                     range(1, len(values) + 1),
                     values,
@@ -152,7 +152,7 @@ def plot(cells: dict, path: Path) -> None:
     ax.set_ylabel("Rayleigh–Ritz eigenvalue")
     ax.set_title("eigenvalue decay on digits, SCL vs VICReg", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=6, loc="lower left")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
