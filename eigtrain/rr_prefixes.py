@@ -4,12 +4,12 @@ far each prefix is determined by the data (`agreement_curve`: the same solve on 
 order inside the groups of features the halves do not order (`tie_groups`, `order_ties`: by the
 embedding's variance).
 
-Measured on the quickstart (SCL, digits, 3 seeds; tools/bench_rr_prefixes.py): the top five eigenvalues lay within
-0.995-0.986; the top-5 subspace agreed across halves to 0.97-0.98, the top 4 only to 0.74-0.87 and the top 1 to
-0.43-0.78: which 4 of those 5 come first follows the sample, which is why Rayleigh-Ritz at k = 4 varied by
-several points between augmentation draws while k = 5 and 8 did not; ordered by variance inside such groups,
-it was level with PCA there on the mean of 15 exports (84.5 vs 84.4 %; one run of three, 1.7 behind at its
-default draw: benchmarks/claims.md).
+Measured on the quickstart (SCL, digits, 3 seeds, eigtrain-rr's defaults; tools/bench_rr_prefixes.py): the top five
+eigenvalues lay within 0.995-0.983; the top-5 subspace agreed across halves to 0.93-1.00, the top 4 only to
+0.76-0.97 and the top 1 to 0.46-0.81: which 4 of those 5 come first follows the sample, which is why
+Rayleigh-Ritz at k = 4 in eigenvalue order varied by several points between augmentation draws while k = 8 did
+not; ordered by variance inside such groups it was within a point of PCA or better in 14 of 15 exports (84.7 vs
+84.4 % on the mean; 9 of 15 in eigenvalue order alone; benchmarks/claims.md).
 """
 
 from __future__ import annotations

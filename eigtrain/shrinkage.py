@@ -33,7 +33,7 @@ def oas_intensity(evals: torch.Tensor, n: int) -> float:
 def shrink(evals: torch.Tensor, n: int, method: str) -> tuple[torch.Tensor, float]:
     """(the shrunk Gram's eigenvalues, same eigenvectors: (1 - rho) evals + rho mu; the intensity rho, which also
     scales the cross moment by 1 - rho); `none`: unchanged, 0. rho = 1 (a sample too small to tell the Gram from
-    a multiple of the identity) leaves every eigenvalue 0 and the features in the Gram's principal order."""
+    a multiple of the identity) leaves every eigenvalue 0: the features then carry no order."""
     if method not in SHRINKAGE:
         raise ValueError(f"shrinkage={method!r} is unknown; allowed: {', '.join(SHRINKAGE)}")
     if method == "none":
