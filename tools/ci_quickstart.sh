@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # CI step: clone this repository into an empty temporary directory and run the README's main-job command
-# exactly as written, at a reduced size through its documented override (STEPS), then check that what a
-# user looks at exists and is readable: the accuracy table, the export, and PNG plots with content.
+# exactly as written, with its own defaults (300 steps, about a minute of training on 2 cores), then check what a
+# user looks at: the accuracy table, the export, PNG plots with content, and issue 22's bar (the export's feature
+# 1 is not the constant; Rayleigh-Ritz's first 4 features within 1 point of PCA's first 4, or better).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 git clone -q "$repo" "$work/eigtrain"
 cd "$work/eigtrain"
-STEPS=${STEPS:-40} bash tools/quickstart.sh
+env -u STEPS bash tools/quickstart.sh
 .venv/bin/python - <<'PY'
 import json
 from pathlib import Path
@@ -22,6 +23,11 @@ assert all(0.0 <= v <= 1.0 for row in report["accuracy"].values() for v in row.v
 # the export's feature 1 varies over the validation images (|mean| / sd < 0.5, i.e. a constant share below 0.2; the
 # constant function, feature 1 before issue 22, has 1)
 assert report["constant_share"]["RR"][0] < 0.2, report["constant_share"]["RR"][:4]
+# issue 22: with the constant excluded, RR at k = 4 within 1 point of PCA at k = 4 or better (measured: -0.84, 3 of
+# the 359 validation images; the paper's convention, the constant as feature 1, was 15 points behind)
+rr, pca = report["accuracy"]["RR"]["4"], report["accuracy"]["PCA"]["4"]
+assert rr >= pca - 0.01, (rr, pca, report["paired"]["RR vs PCA"]["4"])
+print(f"quickstart RR - PCA at k = 4: {100 * (rr - pca):+.2f} points", report["paired"]["RR vs PCA"]["4"])
 manifest = json.loads((run / "rr" / "manifest.json").read_text())
 assert manifest["n"] > 0 and (run / "rr" / "rr.safetensors").stat().st_size > 0
 for png in (run / "eval" / "accuracy_vs_dim.png", run / "rr" / "eigenvalues.png"):

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job, from a fresh clone: set up, write digits shards, pretrain (SCL, joint nesting, tiny CNN;
 # the GPU if there is one), Rayleigh-Ritz export, adaptive-dimension evaluation.
-#   bash tools/quickstart.sh                 # ~6 minutes on 2 CPU cores, install included
-#   STEPS=40 bash tools/quickstart.sh        # a shorter run (what CI runs)
+#   bash tools/quickstart.sh                 # ~6 minutes on 2 CPU cores, install included (what CI runs)
+#   STEPS=40 bash tools/quickstart.sh        # a shorter run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN_DIR=${RUN_DIR:-runs/quickstart}
