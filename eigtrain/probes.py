@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
+import numpy as np
 import torch
 
 from .objectives.nesting import mrl_prefixes
@@ -25,9 +26,12 @@ def _standardize(train: torch.Tensor, test: torch.Tensor):
     return (train - mean) / std, (test - mean) / std
 
 
-def probe_accuracy(*args, **kwargs) -> torch.Tensor:
-    """Test accuracy of linear probes: `probe_correct` averaged over the test samples (a tensor of R accuracies)."""
-    return probe_correct(*args, **kwargs).mean(-1)
+def probe_accuracy(
+    train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor, **options
+) -> torch.Tensor:
+    """Test accuracy of linear probes: `probe_correct` (whose keyword options it takes) averaged over the test
+    samples; a tensor of R accuracies."""
+    return probe_correct(train_x, train_y, test_x, test_y, **options).mean(-1)
 
 
 def probe_correct(
@@ -83,8 +87,6 @@ def paired_difference(first: torch.Tensor, second: torch.Tensor, draws: int = 10
     """first's accuracy minus second's on the same test samples (`probe_correct` rows), with a 95 % percentile
     bootstrap interval over the test set. Only the samples exactly one of the two gets right move the difference,
     so a resample is a multinomial draw of (first only, second only, the rest): exact, O(draws) for any test set."""
-    import numpy as np
-
     n = len(first)
     first_only = int(((first > 0) & (second == 0)).sum())
     second_only = int(((first == 0) & (second > 0)).sum())
