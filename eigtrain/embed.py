@@ -162,10 +162,11 @@ def autocast(device) -> torch.autocast:
     return torch.autocast(kind, dtype=torch.bfloat16, enabled=kind == "cuda")
 
 
-def key_halves(keys: list[str]) -> torch.Tensor:
-    """Each sample's half for `prefix_reproducibility`: a bit of its key's hash, so the halves are the same
-    whatever the ranks and workers."""
-    return torch.tensor([hashlib.sha256(key.encode()).digest()[0] & 1 for key in keys], dtype=torch.bool)
+def key_folds(keys: list[str], folds: int) -> torch.Tensor:
+    """Each sample's fold for rr_prefixes.cut_errors: its key's hash mod folds, so the folds are the same whatever
+    the ranks and workers."""
+    folds = max(folds, 1)
+    return torch.tensor([int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % folds for key in keys])
 
 
 @torch.no_grad()
@@ -180,7 +181,7 @@ def reduce_views(encode, stream: ShardStream, augment, acc: RRAccumulator, devic
         )
         with autocast(device):
             z = encode(torch.cat([v1, v2]))
-        acc.update(*z.float().chunk(2), half=key_halves(batch["key"]))
+        acc.update(*z.float().chunk(2), fold=key_folds(batch["key"], len(acc.folds or ())))
     return acc
 
 
@@ -194,14 +195,14 @@ def reduce_pairs(
     world: int,
     device: str = "cpu",
     seed: int = 0,
-    halves: bool = False,
+    folds: int = 0,
 ) -> tuple[RRAccumulator, int]:
     """Accumulate (Psi(a), Psi(a+)) over augmented views (or (Phi(x), Psi(a)) for pairs) of this rank's share;
-    halves: also per half of the samples (`key_halves`)."""
+    folds: also per fold of the samples (`key_folds`)."""
     data = run.cfg.data
     stream = _stream(run, split, batch_size, num_workers, rank, world, device)
     augment = build_augment(data.augment, image_size=data.view_size, **normalization(data)).to(device)
-    acc = RRAccumulator(run.cfg.dim, pairs=run.pairs, device=device, halves=halves)
+    acc = RRAccumulator(run.cfg.dim, pairs=run.pairs, device=device, folds=folds)
     if not run.pairs:
         return reduce_views(run.encoder, stream, augment, acc, device, seed), stream.num_samples
     for batch in stream:
@@ -211,7 +212,7 @@ def reduce_pairs(
         a = augment.view(a, generator, 1) if a.dtype == torch.uint8 else a
         with autocast(device):
             z1, z2 = run.encoder(x, a)
-        acc.update(z1.float(), z2.float(), half=key_halves(batch["key"]))
+        acc.update(z1.float(), z2.float(), fold=key_folds(batch["key"], len(acc.folds or ())))
     return acc, stream.num_samples
 
 
@@ -241,7 +242,7 @@ def reduce_encoder(cfg, env, pairs: bool, device):
             f"mode={cfg.mode!r} does not fit this run: use mode=svd for a pairs run (two encoders), another mode for views"
         )
     acc, expected = reduce_pairs(
-        run, cfg.split, cfg.batch_size, cfg.num_workers, env.rank, env.world_size, device, cfg.seed, cfg.halves
+        run, cfg.split, cfg.batch_size, cfg.num_workers, env.rank, env.world_size, device, cfg.seed, cfg.folds
     )
     source = {
         "kind": "checkpoint",
@@ -280,7 +281,7 @@ def reduce_external(cfg, env, device):
         data.augment, image_size=view_size, mean=tuple(data.mean or mean), std=tuple(data.std or std)
     ).to(device)
     encode = lambda x: check_embedding(model(x), spec, len(x))  # noqa: E731
-    acc = reduce_views(encode, stream, augment, RRAccumulator(dim, device=device, halves=cfg.halves), device, cfg.seed)
+    acc = reduce_views(encode, stream, augment, RRAccumulator(dim, device=device, folds=cfg.folds), device, cfg.seed)
     weights = cfg.encoder.checkpoint
     source = {
         "kind": "encoder",

@@ -202,22 +202,18 @@ def _constant_and_spectrum_lines(report: dict) -> list[str]:
                 f"| {label} | {row['k']} | {row['k_on_grid']} | {'yes' if row['agrees_1pt'] else 'no'} | "
                 f"{'yes' if row['agrees_5pt'] else 'no'} |"
             )
-    if report.get("rr_reproducibility"):  # the export's split-half agreement (eigtrain.rr_prefixes)
-        agree = report["rr_reproducibility"]  # 3 places: 0.948 is below a 0.95 cut
-        cells = ", ".join(f"k = {k}: {v:.3f}" for k, v in agree.items())
+    cuts = report.get("rr_cuts")  # which cuts of the export the data determine (eigtrain.rr_prefixes)
+    if cuts:
+        bad = ", ".join(str(k) for k in cuts["undetermined"]) or "none"
         lines += [
             "",
-            "RR prefixes the data determines (top-k features solved on two halves of the data agree; 1 = the same "
-            f"features, well below 1 = a cut inside a group of near-equal eigenvalues): {cells}.",
+            f"RR cuts the data do not determine (prefix sizes whose top-k is one of several equally good): {bad}.",
         ]
     if (report.get("rr_ties") or {}).get("groups"):
-        groups = report["rr_ties"]["groups"]
-        spans = ", ".join(f"{a}–{b}" for a, b in groups)
-        are = "are groups" if len(groups) > 1 else "are a group"
+        spans = ", ".join(f"{a}–{b}" for a, b in report["rr_ties"]["groups"])
         lines += [
             "",
-            f"RR features {spans} {are} whose order two halves of the data do not determine (agreement < "
-            f"{report['rr_ties']['agreement_below']:g}); each is ordered by the embedding's variance within it.",
+            f"RR features {spans}: reordered by the embedding's variance (ties=variance, not the kernel's order).",
         ]
     return lines
 

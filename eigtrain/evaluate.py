@@ -292,8 +292,8 @@ def evaluate(cfg) -> tuple[dict, dict]:
     if "rr" in train:  # the k the export's spectrum suggests, beside the k the probes measured
         report["spectrum"] = spectrum_report(head.eigenvalues, dims, report["smallest_k"].get("RR", {}))
         manifest = json.loads((Path(rr_dir) / MANIFEST).read_text())
-        report["rr_reproducibility"] = manifest.get("reproducibility")  # None: an export from before, or halves=false
-        report["rr_ties"] = manifest.get("ties")  # groups the halves do not order, ordered by variance
+        report["rr_cuts"] = manifest.get("cuts")  # None: an export from before, or halves=false
+        report["rr_ties"] = manifest.get("ties")  # ties=variance: the groups reordered by variance
     title = f"Accuracy (%) by representation size — {Path(cfg.run_dir or cfg.features).name}"
     return report, write_report(report, out, title)
 

@@ -170,12 +170,15 @@ def rr_manifest(result: RRResult) -> dict:
         "trivial": trivial,
         "dimensions": result.dims,
         "spectral_k": spectral_k_report(result.eigenvalues),
-        "reproducibility": result.extra.get("reproducibility"),  # {k: agreement of two halves} (rr_prefixes)
-        "halves_n": result.extra.get("halves_n"),  # the two halves' sample counts
-        "ties": result.extra.get("ties"),  # groups the halves do not order, ordered by variance (rr_prefixes)
-        "shrinkage": result.extra.get("shrinkage"),  # the Gram's shrinkage and its intensity (eigtrain.shrinkage)
-        "spectrum": [float(v) for v in result.extra.get("spectrum", result.eigenvalues)],  # descending, untied
+        "cuts": result.extra.get("cuts"),  # which cuts the data determine (rr_prefixes.cuts_report)
+        "ties": result.extra.get("ties"),  # ties=variance: the groups reordered by variance
+        "spectrum": [float(v) for v in result.extra.get("spectrum", result.eigenvalues)],  # the solve's, descending
+        "exact_spectrum": _floats(result.extra.get("exact_spectrum")),  # ridge > 0: the unregularized one
     }
+
+
+def _floats(values) -> list[float] | None:
+    return None if values is None else [float(v) for v in values]
 
 
 def plot_decay(eigenvalues: torch.Tensor, path: str | os.PathLike, title: str = "") -> None:

@@ -20,8 +20,8 @@ constant without exporting it. A centered embedding (RQ/VICReg) loses nothing ei
 Rank-deficient embeddings (dead units, duplicated or dependent dimensions, d above the rank) are solved on
 the Gram's numerical range (eigenvalues above rtol * the largest); `RRResult.dims` says how many coordinates
 were dead (no variance over the data), dependent, or spent on the constant. ridge > 0 instead regularizes the
-Gram and keeps every dimension. shrinkage="oas" (eigtrain-rr's default, generalized mode) shrinks the Gram on
-its range before whitening (eigtrain.shrinkage).
+Gram and keeps every dimension (an explicit departure from the exact solve: docs/export.md). A sample that cannot
+order the span (no more pairs than the Gram's rank) is refused, never solved into an arbitrary order.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
-from .shrinkage import shrink
 
 MODES = ("generalized", "paper-rq", "paper-vicreg", "paper-lora", "svd")
 TRIVIAL = ("exclude", "keep")
@@ -48,7 +46,7 @@ def _batch_moments(f: torch.Tensor, g: torch.Tensor):
 class RRAccumulator:
     """Streaming float64 statistics of pairs: count, means, centered co-moment sums."""
 
-    def __init__(self, dim: int, pairs: bool = False, dim_right: int | None = None, device="cpu", halves=False):
+    def __init__(self, dim: int, pairs: bool = False, dim_right: int | None = None, device="cpu", folds: int = 0):
         if dim_right is not None and not pairs:
             raise ValueError("dim_right is only meaningful for pairs=True (two encoders)")
         self.dim, self.pairs = dim, pairs
@@ -60,16 +58,16 @@ class RRAccumulator:
         self.n = 0
         self.mean_f, self.mean_g = zeros(d), zeros(e)
         self.c_ff, self.c_gg, self.c_fg = zeros(d, d), zeros(e, e), zeros(d, e)
-        # halves: the statistics of two disjoint halves of the rows too (`prefix_reproducibility`, one encoder
-        # only); every update then says each row's half, by something that does not depend on the ranks
-        keep = halves and not pairs
-        self.halves = tuple(RRAccumulator(dim, pairs, dim_right, device) for _ in range(2)) if keep else None
+        # folds: the statistics of `folds` disjoint parts of the rows too (rr_prefixes.cut_errors, one encoder
+        # only); every update then says each row's fold, by something that does not depend on the ranks
+        keep = folds > 1 and not pairs
+        self.folds = tuple(RRAccumulator(dim, pairs, dim_right, device) for _ in range(folds)) if keep else None
 
     # -- accumulation ---------------------------------------------------------------------
     @torch.no_grad()
-    def update(self, z1: torch.Tensor, z2: torch.Tensor, half: torch.Tensor | None = None) -> None:
-        """Add a batch of pairs: z1 (first view or x side), z2 (second view or a side); half: each row's half
-        (bool, True = the second) when the accumulator keeps halves."""
+    def update(self, z1: torch.Tensor, z2: torch.Tensor, fold: torch.Tensor | None = None) -> None:
+        """Add a batch of pairs: z1 (first view or x side), z2 (second view or a side); fold: each row's fold
+        (integers in [0, folds)) when the accumulator keeps folds."""
         if z1.ndim != 2 or z1.shape[1] != self.dim or z2.ndim != 2 or z2.shape[1] != self.dim_right:
             raise ValueError(
                 f"expected z1 (batch, {self.dim}) and z2 (batch, {self.dim_right}), got "
@@ -82,13 +80,14 @@ class RRAccumulator:
         f, g = z1.to(self.c_ff.device, F64), z2.to(self.c_ff.device, F64)
         if not (torch.isfinite(f).all() and torch.isfinite(g).all()):
             raise ValueError("non-finite values in the embeddings given to Rayleigh-Ritz")
-        if self.halves is None:
+        if self.folds is None:
             self._merge(*_batch_moments(f, g))
             return
-        if half is None or len(half) != len(f):
-            raise ValueError("an accumulator that keeps halves needs each row's half")
-        half = half.to(f.device, torch.bool)
-        for rows, acc in zip((~half, half), self.halves):  # each row's products once: into its half and the whole
+        if fold is None or len(fold) != len(f):
+            raise ValueError("an accumulator that keeps folds needs each row's fold")
+        fold = fold.to(f.device, torch.long)
+        for i, acc in enumerate(self.folds):  # each row's products once: into its fold and the whole
+            rows = fold == i
             if rows.any():
                 moments = _batch_moments(f[rows], g[rows])
                 acc._merge(*moments)
@@ -100,11 +99,11 @@ class RRAccumulator:
             raise ValueError("cannot merge accumulators of different shapes or modes")
         dev = self.c_ff.device
         self._merge(other.n, *(t.to(dev) for t in (other.mean_f, other.mean_g, other.c_ff, other.c_gg, other.c_fg)))
-        if self.halves is not None and other.halves is not None:
-            for mine, theirs in zip(self.halves, other.halves):
+        if self.folds is not None and other.folds is not None and len(self.folds) == len(other.folds):
+            for mine, theirs in zip(self.folds, other.folds):
                 mine.merge(theirs)
-        elif self.halves is not None:
-            self.halves = None  # the other part's rows have no halves: the halves would not cover the data
+        elif self.folds is not None:
+            self.folds = None  # the other part's rows have no (matching) folds: the folds would not cover the data
 
     def _merge(self, nb, mf, mg, cff, cgg, cfg) -> None:
         na, n = self.n, self.n + nb
@@ -126,8 +125,8 @@ class RRAccumulator:
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
             return
-        for half in self.halves or ():
-            half.all_reduce(group)
+        for fold in self.folds or ():
+            fold.all_reduce(group)
         # 1) global count and mean; 2) co-moments shifted to the global mean, summed.
         head = torch.cat([self.c_ff.new_tensor([float(self.n)]), self.n * self.mean_f, self.n * self.mean_g])
         dist.all_reduce(head, group=group)
@@ -155,13 +154,17 @@ class RRAccumulator:
         """(E[f f^T], E[g g^T], E[f g^T], mean_f, mean_g), raw or centered, float64."""
         if self.n < 2:
             raise ValueError(f"Rayleigh-Ritz needs at least 2 pairs, got {self.n}")
-        n = self.n
         if not self.pairs:  # one encoder: both views share one mean
             pooled = (self.mean_f + self.mean_g) / 2
             mf = mg = pooled if center else torch.zeros_like(pooled)
         else:
             mf = self.mean_f if center else torch.zeros_like(self.mean_f)
             mg = self.mean_g if center else torch.zeros_like(self.mean_g)
+        return self.moments_about(mf, mg)
+
+    def moments_about(self, mf: torch.Tensor, mg: torch.Tensor):
+        """(E[(f - mf)(f - mf)^T], E[(g - mg)(g - mg)^T], E[(f - mf)(g - mg)^T], mf, mg) about given centres."""
+        n = self.n
         af, ag = self.mean_f - mf, self.mean_g - mg  # offsets of the stored means from the centre
         gff = self.c_ff / n + torch.outer(af, af)
         ggg = self.c_gg / n + torch.outer(ag, ag)
@@ -216,18 +219,32 @@ def _ridged(gram: torch.Tensor, ridge: float) -> torch.Tensor:
     return gram + ridge * (torch.trace(gram) / d) * torch.eye(d, dtype=F64, device=gram.device)
 
 
-def _range(gram: torch.Tensor, ridge: float, rtol: float, what: str):
-    """Eigenpairs of the (ridged) Gram on its numerical range: eigenvalues > rtol * the largest, descending."""
+def _range(gram: torch.Tensor, ridge: float, rtol: float, what: str, n: int | None = None):
+    """Eigenpairs of the (ridged) Gram on its numerical range: eigenvalues > rtol * the largest, descending.
+    n: the number of pairs; a range as wide as the sample (rank >= n) is refused: n pairs cannot order it."""
     evals, evecs = _descending_eigh(_ridged(gram, ridge))
     if not evals[0] > 0:
         raise ValueError(f"Rayleigh-Ritz: every dimension of {what} is constant over the data (nothing to order)")
     keep = evals > rtol * evals[0]
+    if n is not None and int(keep.sum()) >= n:
+        raise ValueError(
+            f"Rayleigh-Ritz: {n} pairs cannot order {what}'s {int(keep.sum())} live dimensions (the Gram's rank is "
+            f"limited by the sample, so any order would be the sample's): give more pairs than dimensions"
+        )
     return evals[keep], evecs[:, keep]
 
 
 def _descending_eigh(sym: torch.Tensor):
     evals, evecs = torch.linalg.eigh((sym + sym.T) / 2)
     return evals.flip(0), evecs.flip(1)
+
+
+def _rank(gram: torch.Tensor, ridge: float, rtol: float, range_evals: torch.Tensor) -> int:
+    """The unregularized Gram's numerical rank: the range's size when no ridge was added (no second eigh)."""
+    if ridge == 0:
+        return len(range_evals)
+    evals = torch.linalg.eigvalsh((gram + gram.T) / 2)
+    return int((evals > rtol * evals[-1]).sum()) if evals[-1] > 0 else 0
 
 
 def fix_signs(*transforms: torch.Tensor) -> None:
@@ -252,16 +269,26 @@ def constant_readout(raw_gram: torch.Tensor, mean: torch.Tensor, rtol: float, li
 
 
 def _dims_report(
-    gram: torch.Tensor, raw_gram: torch.Tensor, mean: torch.Tensor, exclude: bool, rtol: float, features: int
+    gram: torch.Tensor,
+    raw_gram: torch.Tensor,
+    mean: torch.Tensor,
+    exclude: bool,
+    rtol: float,
+    features: int,
+    rank: int,
+    readout: tuple | None = None,
 ) -> dict:
     """How the d coordinates were spent: dead (no variance over the data when the constant is excluded, no second
     moment otherwise), constant (1 when live coordinates span the excluded constant), dependent (the rest of
-    the rank deficit of the unregularized Gram), features (ordered features exported)."""
+    the rank deficit of the unregularized Gram: `rank` is its numerical rank), features (ordered features exported).
+    readout: `constant_readout` over every coordinate, already computed (reused when no coordinate is dead)."""
     diag = torch.diagonal(gram)
     dead = diag <= rtol * diag.max().clamp_min(torch.finfo(F64).tiny)
-    evals = torch.linalg.eigvalsh((gram + gram.T) / 2)
-    rank = int((evals > rtol * evals[-1]).sum()) if evals[-1] > 0 else 0
-    constant = int(exclude and not dead.all() and constant_readout(raw_gram, mean, rtol, ~dead)[1] <= IN_SPAN_TOL)
+    if exclude and not dead.all():
+        residual = (
+            readout[1] if readout is not None and not dead.any() else constant_readout(raw_gram, mean, rtol, ~dead)[1]
+        )
+    constant = int(exclude and not dead.all() and residual <= IN_SPAN_TOL)
     d = len(diag)
     return {
         "dim": d,
@@ -279,10 +306,8 @@ def solve(
     ridge: float = 0.0,
     rtol: float = 1e-10,
     trivial: str = "exclude",
-    shrinkage: str = "none",
 ) -> RRResult:
-    """Solve the Rayleigh-Ritz problem from accumulated moments (see the module docstring); shrinkage applies
-    to the generalized mode (extra["shrinkage"]: its intensity)."""
+    """Solve the Rayleigh-Ritz problem from accumulated moments (see the module docstring)."""
     if mode not in MODES:
         raise ValueError(f"rr mode={mode!r} is unknown; allowed: {', '.join(MODES)}")
     if trivial not in TRIVIAL:
@@ -299,8 +324,8 @@ def solve(
 
     if mode == "svd":
         (sf, uf), (sg, ug) = (
-            _range(gff, ridge, rtol, "the x-side embedding"),
-            _range(ggg, ridge, rtol, "the a-side embedding"),
+            _range(gff, ridge, rtol, "the x-side embedding", acc.n),
+            _range(ggg, ridge, rtol, "the a-side embedding", acc.n),
         )
         wf, wg = uf * sf.rsqrt(), ug * sg.rsqrt()
         u, s, vh = torch.linalg.svd(wf.T @ kfg @ wg)
@@ -309,8 +334,8 @@ def solve(
         fix_signs(transform, right)
         result = RRResult(values, transform, mf, mode, acc.n, right, mg)
         result.dims = {
-            **_dims_report(gff, raw_f, acc.mean_f, exclude, rtol, k),
-            "right": _dims_report(ggg, raw_g, acc.mean_g, exclude, rtol, k),
+            **_dims_report(gff, raw_f, acc.mean_f, exclude, rtol, k, _rank(gff, ridge, rtol, sf)),
+            "right": _dims_report(ggg, raw_g, acc.mean_g, exclude, rtol, k, _rank(ggg, ridge, rtol, sg)),
         }
         if exclude:
             (w, res), (wr, res_r) = (
@@ -327,13 +352,11 @@ def solve(
         return result
 
     gram, cross = acc.view_moments(center)
-    evals, evecs = _range(gram, ridge, rtol, "the embedding")
+    evals, evecs = _range(gram, ridge, rtol, "the embedding", acc.n)
     extra = {}
-    if mode == "generalized":
-        evals, rho = shrink(evals, acc.n, shrinkage)
-        extra["shrinkage"] = None if shrinkage == "none" else {"method": shrinkage, "intensity": rho}
+    if mode == "generalized":  # the exact solve: whiten by the Gram on its range, then K's eigenbasis there
         w = evecs * evals.rsqrt()
-        values, y = _descending_eigh(w.T @ cross @ w * (1 - rho))  # the joint covariance shrunk: K too
+        values, y = _descending_eigh(w.T @ cross @ w)
         transform = w @ y
     elif mode in ("paper-rq", "paper-vicreg"):  # Algorithms F.1 / F.2: the basis is taken as orthonormal
         values, y = _descending_eigh(evecs.T @ cross @ evecs)  # (on the range: null directions are zero features)
@@ -343,8 +366,9 @@ def solve(
     fix_signs(transform)
     result = RRResult(values, transform, mf, mode, acc.n, extra=extra)
     pooled, raw = (acc.mean_f + acc.mean_g) / 2, (raw_f + raw_g) / 2
-    result.dims = _dims_report(gram, raw, pooled, exclude, rtol, transform.shape[1])
+    readout = constant_readout(raw, pooled, rtol) if exclude else None
+    rank = _rank(gram, ridge, rtol, evals)
+    result.dims = _dims_report(gram, raw, pooled, exclude, rtol, transform.shape[1], rank, readout)
     if exclude:
-        w, res = constant_readout(raw, pooled, rtol)
-        result.trivial = {"eigenvalue": 1.0, "transform": w, "residual": res}
+        result.trivial = {"eigenvalue": 1.0, "transform": readout[0], "residual": readout[1]}
     return result

@@ -1,7 +1,7 @@
 """eigtrain-rr: one distributed pass of Rayleigh-Ritz, then an ordered-embedding export.
 
     eigtrain-rr run_dir=DIR [split=train] [mode=generalized] [trivial=exclude|keep] [center=false]
-                [shrinkage=oas|none] [ridge=0] [out=DIR] [overwrite=false]
+                [ties=eigenvalue|variance] [ridge=0] [out=DIR] [overwrite=false]
     eigtrain-rr checkpoint=DIR/step-N ...
     eigtrain-rr run_dir=DIR split=val [data.val_shards=PATTERN]   # a data.shards run: its held-out shards
     eigtrain-rr embeddings=FILE.npz out=DIR      # black-box embeddings: arrays z1, z2 (N x d) of positive pairs
@@ -18,7 +18,6 @@ The export directory appears only when complete (written beside it, then renamed
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,11 +30,11 @@ from . import embedding_files
 from .cli import compose_dataclass
 from .data.augment import PRESETS
 from .export import check_export_target, file_sha256, files_sha256, rr_manifest, save_export
-from .probes import dims_for
 from .rayleigh_ritz import MODES, TRIVIAL, RRAccumulator, centered, solve
 from .redact import redact_url
-from .rr_prefixes import agreement_curve, order_ties, prefix_reproducibility, tie_groups
-from .shrinkage import SHRINKAGE
+from .rr_prefixes import cut_errors, cuts_report, order_ties, tie_groups, undetermined_cuts
+
+TIES = ("eigenvalue", "variance")  # inside an undetermined group: eigenvalue order, or (a departure) variance order
 
 
 @dataclass
@@ -79,11 +78,10 @@ class RRJobConfig:
     mode: str = "generalized"
     trivial: str = "exclude"  # exclude: the constant mode is exported apart, features follow it; keep: the paper's
     center: bool = False
-    ridge: float = 0.0  # > 0 (with shrinkage=none): regularize the Gram, every dimension kept, instead of its range
-    shrinkage: str = "oas"  # oas: the Gram shrunk before whitening, generalized mode (eigtrain.shrinkage) | none
+    ridge: float = 0.0  # > 0: regularize the Gram (a departure from the exact solve; the exact spectrum rides along)
     rank_rtol: float = 1e-10  # the numerical range: Gram eigenvalues above rank_rtol * the largest
-    halves: bool = True  # also solve on two halves of the data: how far each prefix is determined (3x the moments)
-    tie_agreement: float = 0.95  # halves agreeing below it on a prefix: a group ordered by variance (0: off)
+    folds: int = 8  # keep the moments of this many disjoint folds too: which cuts the data determine (0: off)
+    ties: str = "eigenvalue"  # variance: reorder each undetermined group by variance (a departure from RR's order)
     split: str = "train"
     batch_size: int = 512
     num_workers: int = 2
@@ -108,12 +106,14 @@ class RRJobConfig:
             raise ValueError(f"mode={self.mode!r} is unknown; allowed: {', '.join(MODES)}")
         if self.trivial not in TRIVIAL:
             raise ValueError(f"trivial={self.trivial!r} is unknown; allowed: {', '.join(TRIVIAL)}")
-        if not 0 <= self.tie_agreement <= 1:
-            raise ValueError(f"tie_agreement={self.tie_agreement} must lie in [0, 1] (0: no tie ordering)")
-        if self.shrinkage not in SHRINKAGE:
-            raise ValueError(f"shrinkage={self.shrinkage!r} is unknown; allowed: {', '.join(SHRINKAGE)}")
-        if self.ridge > 0 and self.shrinkage != "none":
-            raise ValueError(f"ridge= and shrinkage={self.shrinkage} both regularize the Gram: give shrinkage=none")
+        if self.ties not in TIES:
+            raise ValueError(f"ties={self.ties!r} is unknown; allowed: {', '.join(TIES)}")
+        if self.folds == 1 or self.folds < 0:
+            raise ValueError(f"folds={self.folds}: give 0 (no per-cut test) or at least 2")
+        if self.ties == "variance" and not self.folds:
+            raise ValueError("ties=variance reorders the groups the folds find undetermined: it needs folds >= 2")
+        if self.ridge < 0:
+            raise ValueError(f"ridge={self.ridge} must be >= 0")
         if not 0 < self.rank_rtol < 1:
             raise ValueError(f"rank_rtol={self.rank_rtol} must lie in (0, 1)")
         if (self.embeddings or self.encoder.name) and not self.out:
@@ -144,54 +144,51 @@ def parse_args(argv: list[str]) -> RRJobConfig:
     return compose_dataclass(RRJobConfig, argv).validate()
 
 
-def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, block: int = 65536, halves=False):
+def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, block: int = 65536, folds: int = 0):
     """Accumulate this rank's contiguous share of the rows of stored pairs z1, z2 (an npz, a safetensors file or
-    a directory of chunks, streamed); returns (acc, total rows). halves: also per half (by the global row's parity)."""
+    a directory of chunks, streamed); returns (acc, total rows). folds: also per fold (the global row mod folds)."""
     chunks = embedding_files.open_chunks(path)
     d1, d2 = embedding_files.widths(chunks)
     if not pairs and d1 != d2:
         raise ValueError(
             f"{path}: z1 and z2 have widths {d1} and {d2}; one-encoder modes need equal widths, use mode=svd for two encoders"
         )
-    acc = RRAccumulator(d1, pairs=pairs, dim_right=d2 if pairs else None, halves=halves)
+    acc = RRAccumulator(d1, pairs=pairs, dim_right=d2 if pairs else None, folds=folds)
     row = embedding_files.total_rows(chunks) * rank // world  # the first of this rank's rows (iter_blocks' share)
     for z1, z2 in embedding_files.iter_blocks(chunks, rank, world, block):
-        acc.update(torch.from_numpy(z1), torch.from_numpy(z2), half=torch.arange(row, row + len(z1)) % 2 == 1)
+        acc.update(torch.from_numpy(z1), torch.from_numpy(z2), fold=torch.arange(row, row + len(z1)) % max(folds, 1))
         row += len(z1)
     return acc, embedding_files.total_rows(chunks)
 
 
 def solve_both_conventions(acc: RRAccumulator, cfg: RRJobConfig):
-    """The export's solve, its ties ordered (`order_ties_of`); when it excludes the trivial mode, the paper's
-    convention rides along (paper_*), its ties ordered the same way. extra: reproducibility, halves_n, ties."""
-    kwargs = dict(center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol, shrinkage=cfg.shrinkage)
-    solved = solve(acc, cfg.mode, trivial=cfg.trivial, **kwargs)
-    curve = agreement_curve(acc, cfg.mode, trivial=cfg.trivial, **kwargs)
-    result, groups = order_ties_of(solved, acc, cfg, cfg.trivial, curve)
-    result.extra["spectrum"] = solved.eigenvalues  # the eigenvalues themselves, descending (before tie ordering)
-    width = result.transform.shape[1]
-    result.extra["reproducibility"] = prefix_reproducibility(
-        curve, sorted({*range(1, min(width, 8) + 1), *dims_for(width)})
-    )
-    result.extra["halves_n"] = [h.n for h in acc.halves] if curve is not None else None
-    result.extra["ties"] = None if groups is None else {"agreement_below": cfg.tie_agreement, "groups": groups}
+    """The export's solve with the cuts the data determine (`with_cuts`); when it excludes the trivial mode, the
+    paper's convention rides along (paper_*), treated the same way. With ridge > 0 the exact spectrum rides along
+    too. extra: cuts (rr_prefixes.cuts_report), ties (the groups, when ties=variance reordered them)."""
+    kwargs = dict(center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol)
+    result = with_cuts(solve(acc, cfg.mode, trivial=cfg.trivial, **kwargs), acc, cfg, cfg.trivial)
+    if cfg.ridge > 0:  # a regularized solve never stands alone: the sample moments' own spectrum beside it
+        exact = solve(acc, cfg.mode, trivial=cfg.trivial, **{**kwargs, "ridge": 0.0})
+        result.extra["exact_spectrum"] = exact.eigenvalues
     if cfg.trivial == "exclude":
-        paper = solve(acc, cfg.mode, trivial="keep", **kwargs)
-        if groups is not None:  # the paper convention's own halves, only when their groups are wanted
-            paper, result.extra["ties"]["paper_groups"] = order_ties_of(
-                paper, acc, cfg, "keep", agreement_curve(acc, cfg.mode, trivial="keep", **kwargs)
-            )
-        result.extra["paper_convention"] = paper
+        result.extra["paper_convention"] = solve(acc, cfg.mode, trivial="keep", **kwargs)  # rides along, untested cuts
     return result
 
 
-def order_ties_of(result, acc: RRAccumulator, cfg: RRJobConfig, trivial: str, curve):
-    """(result with its tie groups ordered, the groups) for one convention, from the halves' agreement `curve`;
-    groups is None where tie ordering does not apply (a paper mode or svd, no halves, tie_agreement=0)."""
-    if curve is None or cfg.mode != "generalized" or cfg.tie_agreement == 0:
-        return result, None
-    groups = tie_groups(curve[: result.transform.shape[1]], cfg.tie_agreement)
-    return order_ties(result, acc, groups, center=centered(cfg.mode, cfg.center, trivial)), groups
+def with_cuts(result, acc: RRAccumulator, cfg: RRJobConfig, trivial: str):
+    """The result with extra["cuts"] (which cuts its data determine) and, when ties=variance, its undetermined
+    groups reordered by variance (extra["ties"]); extra["spectrum"] keeps the eigenvalues in the solve's order."""
+    center = centered(cfg.mode, cfg.center, trivial)
+    errors = cut_errors(result, acc)
+    result.extra["spectrum"] = result.eigenvalues
+    result.extra["cuts"] = cuts_report(errors, [f.n for f in acc.folds] if errors is not None else None)
+    result.extra["ties"] = None
+    if cfg.ties == "variance" and errors is not None:
+        groups = tie_groups(undetermined_cuts(errors), result.transform.shape[1])
+        spectrum, cuts = result.extra["spectrum"], result.extra["cuts"]
+        result = order_ties(result, acc, groups, center)
+        result.extra.update(spectrum=spectrum, cuts=cuts, ties={"order": "variance", "groups": groups})
+    return result
 
 
 def dimensions_line(dims: dict) -> str:
@@ -205,33 +202,47 @@ def dimensions_line(dims: dict) -> str:
     return "eigtrain-rr: " + "; ".join(parts)
 
 
-def reproducibility_line(overlaps: dict[int, float], halves: list[int], width: int) -> str:
-    """One line on which prefixes two halves of the data agree on (docs/export.md), with the halves' sizes: halves
-    not much larger than the number of features determine little, and their figures say so."""
-    cells = ", ".join(f"k={k} {v:.3f}" for k, v in overlaps.items())  # 3 places: 0.948 is below a 0.95 cut
+def cuts_line(cuts: dict, width: int) -> str:
+    """One line on which prefixes the data determine (rr_prefixes.cut_errors), with the folds. sizes."""
+    bad = cuts["undetermined"]
+    if not bad:
+        return (
+            f"eigtrain-rr: the data determine every cut of the {width} features ({len(cuts['folds_n'])} folds of "
+            f"{min(cuts['folds_n'])}+ samples): every prefix is the span of the top-k estimated eigenfunctions"
+        )
+    shown = _spans(bad)
     return (
-        f"eigtrain-rr: first-k features solved on two halves of the data ({halves[0]} and {halves[1]} samples, "
-        f"{width} features) agree (1 = the same k features): {cells}; a k well below 1 cuts inside a group of "
-        f"near-equal eigenvalues"
+        f"eigtrain-rr: the data do not determine the cut after feature(s) {shown} of {width} (the gap there is "
+        f"within its sampling noise across folds): a prefix ending there is one of several equally good ones; "
+        f"every other prefix is determined"
     )
 
 
-def shrinkage_line(shrunk: dict, n: int) -> str:
-    """One line on the Gram's shrinkage (eigtrain.shrinkage)."""
-    return (
-        f"eigtrain-rr: the Gram shrunk toward a multiple of the identity before whitening ({shrunk['method'].upper()} "
-        f"from {n} samples: intensity {shrunk['intensity']:.4f}); shrinkage=none solves on the sample moments as they are"
-    )
+def untested_reason(cfg: RRJobConfig, acc: RRAccumulator) -> str:
+    if cfg.mode != "generalized":
+        return f"mode={cfg.mode} is not the generalized solve"
+    if acc.folds is None:
+        return "two encoders" if acc.pairs else "no folds kept"
+    return f"a fold of the {cfg.folds} holds fewer than 2 samples"
+
+
+def _spans(numbers: list[int], most: int = 12) -> str:
+    """1, 2, 3, 7 -> '1-3, 7' (at most `most` spans, then how many more)."""
+    spans: list[list[int]] = []
+    for k in numbers:
+        if spans and k == spans[-1][1] + 1:
+            spans[-1][1] = k
+        else:
+            spans.append([k, k])
+    text = [f"{a}" if a == b else f"{a}-{b}" for a, b in spans[:most]]
+    return ", ".join(text) + (f" and {len(spans) - most} more" if len(spans) > most else "")
 
 
 def ties_line(ties: dict) -> str:
-    """One line on the groups the halves do not order, ordered by variance (rr_prefixes.order_ties)."""
+    """One line on the groups reordered by variance (ties=variance)."""
     spans = ", ".join(f"{a}-{b}" for a, b in ties["groups"])
-    are = "are groups" if len(ties["groups"]) > 1 else "are a group"
     return (
-        f"eigtrain-rr: features {spans} {are} whose order two halves of the data do not determine "
-        f"(agreement < {ties['agreement_below']:g}); each group is ordered by the embedding's variance (its principal "
-        f"components within the group)"
+        f"eigtrain-rr: ties=variance: features {spans} reordered by the embedding's variance (not the kernel's order)"
     )
 
 
@@ -249,7 +260,7 @@ def run(cfg: RRJobConfig) -> dict:
     if cfg.out or cfg.run_dir:  # before any work: never replace what eigtrain-rr did not write
         check_export_target(Path(cfg.out or Path(cfg.run_dir) / "rr"), cfg.overwrite)
     if cfg.embeddings:
-        acc, expected = reduce_embeddings(cfg.embeddings, pairs, env.rank, env.world_size, halves=cfg.halves)
+        acc, expected = reduce_embeddings(cfg.embeddings, pairs, env.rank, env.world_size, folds=cfg.folds)
         path = Path(cfg.embeddings)
         source = {
             "kind": "embeddings",
@@ -288,14 +299,20 @@ def run(cfg: RRJobConfig) -> dict:
             {**source, "split": cfg.split if not cfg.embeddings else None, "center": cfg.center},
             overwrite=cfg.overwrite,
         )  # atomic
-        print(json.dumps(summary, indent=1))
+        shown = ", ".join(f"{v:.4f}" for v in summary["eigenvalues"][:8])
+        print(f"eigtrain-rr: {acc.n} samples, mode {cfg.mode}; eigenvalues {shown}{' ...' if width > 8 else ''}")
         print(dimensions_line(result.dims))
-        if result.extra.get("shrinkage"):
-            print(shrinkage_line(result.extra["shrinkage"], acc.n))
-        if result.extra["reproducibility"]:
-            print(reproducibility_line(result.extra["reproducibility"], result.extra["halves_n"], width))
-        if result.extra["ties"] and result.extra["ties"]["groups"]:
+        if cfg.ridge > 0:
+            print(
+                f"eigtrain-rr: ridge={cfg.ridge:g} regularizes the Gram (not the exact solve); exact spectrum in the manifest"
+            )
+        if result.extra["cuts"]:
+            print(cuts_line(result.extra["cuts"], width))
+        elif cfg.folds:
+            print(f"eigtrain-rr: which cuts the data determine was not tested ({untested_reason(cfg, acc)})")
+        if result.extra["ties"]:
             print(ties_line(result.extra["ties"]))
+        print(f"eigtrain-rr: export {out} ({out / 'manifest.json'})")
     edist.barrier()
     return summary
 

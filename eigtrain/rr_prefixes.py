@@ -1,15 +1,24 @@
-"""What the prefixes of a Rayleigh-Ritz export are worth: the k its spectrum suggests (`spectral_k_report`), and how
-far each prefix is determined by the data (`agreement_curve`: the same solve on two disjoint halves of the rows,
-`RRAccumulator(halves=True)`, top-k subspaces compared; docs/export.md, "Which prefixes are determined"), and the
-order inside the groups of features the halves do not order (`tie_groups`, `order_ties`: by the
-embedding's variance).
+"""What the prefixes of a Rayleigh-Ritz export are worth: the k its spectrum suggests (`spectral_k_report`), and at
+which cuts the data determine the order (`cut_errors`, `undetermined_cuts`; docs/export.md, "Which cuts are
+determined").
 
-Measured on the quickstart (SCL, digits, 3 seeds, eigtrain-rr's defaults; tools/bench_rr_prefixes.py): the top five
-eigenvalues lay within 0.995-0.983; the top-5 subspace agreed across halves to 0.93-1.00, the top 4 only to
-0.76-0.97 and the top 1 to 0.46-0.81: which 4 of those 5 come first follows the sample, which is why
-Rayleigh-Ritz at k = 4 in eigenvalue order varied by several points between augmentation draws while k = 8 did
-not; ordered by variance inside such groups it was within a point of PCA or better in 14 of 15 exports (84.7 vs
-84.4 % on the mean; 9 of 15 in eigenvalue order alone; benchmarks/claims.md).
+A cut after feature k is determined when the top-k subspace is: its error is driven by the gap lambda_k - lambda_k+1
+against the sampling noise of the moments. `cut_errors` estimates, for every cut at once, the expected squared
+error ||sin Theta||_F^2 of the exported top-k subspace, by first-order perturbation with noise measured across
+folds of the rows: in the export's basis (Gram = I, cross moment = diag(lambda)) a fold's moments differ from the
+whole's by dG, dK, which rotate features i and j into each other by
+r_ij = (dK_ij - (lambda_i + lambda_j) / 2 * dG_ij) / (lambda_j - lambda_i); sum_f n_f r_ij^2 / (n (F - 1)) estimates
+the whole's squared rotation error, and the error at a cut sums it over the pairs the cut separates. Per cut, never
+averaged over a prefix. The cuts after features 1 .. 256 are tested; they cost two d x d x 256 products per fold and
+no eigendecomposition.
+
+The rule, undetermined at an estimated error >= 0.05 (about 13 degrees for one direction), was calibrated on
+ground truth only (two-view Gaussians with known eigenvalues, tests/export/test_rr_ground_truth.py): at an exact
+tie the estimate is >= 0.05 in about 9 of 10 samples (n = 2,000 and 20,000, 8 folds); at a gap of 2.5 noise
+standard deviations in about 1 of 20, and at larger gaps never.
+
+`order_ties` (opt-in, eigtrain-rr ties=variance) reorders each undetermined group by the embedding's variance: a
+departure from Rayleigh-Ritz's order, for users who want PCA's order where the kernel's is not determined.
 """
 
 from __future__ import annotations
@@ -18,64 +27,80 @@ from dataclasses import replace
 
 import torch
 
-from .rayleigh_ritz import RRAccumulator, RRResult, centered, fix_signs, solve
+from .rayleigh_ritz import RRAccumulator, RRResult, fix_signs
+
+CUT_LIMIT = 256  # cuts tested: after features 1 .. 256 (the prefixes users cut at; bounds the cost at large d)
+UNDETERMINED_AT = 0.05  # a cut's estimated ||sin Theta||_F^2 at or above it: the order there is not determined
 
 
-def agreement_curve(
-    acc: RRAccumulator,
-    mode: str = "generalized",
-    center: bool = False,
-    ridge: float = 0.0,
-    rtol: float = 1e-10,
-    trivial: str = "exclude",
-    shrinkage: str = "none",
-) -> torch.Tensor | None:
-    """How far each prefix is determined by the data: entry k-1 for the first k features. Rayleigh-Ritz is solved
-    on each of the accumulator's two halves and their top-k subspaces are compared in the data's metric (the Gram of
-    the whole): the mean squared cosine of their principal angles, 1 when both halves choose the same k features,
-    about k'/k when only k' of them are determined (a cut inside a group of near-equal eigenvalues: any k of the
-    group serve the kernel equally, and which k come first follows the sample). None without halves or for svd.
-    Every k at once: a QR of each half's whitened transform spans every prefix (O(d^3) in all)."""
-    if acc.halves is None or acc.pairs or min(h.n for h in acc.halves) < 2:
+def cut_errors(result: RRResult, acc: RRAccumulator) -> torch.Tensor | None:
+    """Entry k-1: the estimated squared subspace error of the export's first k features, k = 1 .. min(r-1, 256) (see the
+    module docstring). None without folds, for two encoders, or for a mode whose features are not the generalized
+    solve's (their basis is not orthonormal under the Gram)."""
+    if acc.folds is None or acc.pairs or min(f.n for f in acc.folds) < 2 or result.mode != "generalized":
         return None
-    kwargs = dict(center=center, ridge=ridge, rtol=rtol, trivial=trivial, shrinkage=shrinkage)
-    first, second = (solve(h, mode, **kwargs) for h in acc.halves)
-    gram, _ = acc.view_moments(centered(mode, center, trivial))
-    evals, evecs = torch.linalg.eigh(gram)
-    root = (evecs * evals.clamp_min(0).sqrt()).T  # root.T @ root = the Gram: the data's metric made Euclidean
-    width = min(first.transform.shape[1], second.transform.shape[1])
-    qa, qb = (torch.linalg.qr(root @ r.transform[:, :width]).Q for r in (first, second))
-    overlap = (qa.T @ qb).pow(2).cumsum(0).cumsum(1)
-    k = torch.arange(1, width + 1, dtype=overlap.dtype)
-    return torch.diagonal(overlap) / k
-
-
-def prefix_reproducibility(curve: torch.Tensor | None, dims: list[int]) -> dict[int, float] | None:
-    """`agreement_curve` at the sizes in dims (the manifest's `reproducibility`)."""
-    if curve is None:
+    t, lam = result.transform, result.eigenvalues
+    m = min(len(lam) - 1, CUT_LIMIT)  # cuts after features 1..m: rows i <= m of the rotation, every column j
+    if m < 1:
         return None
-    return {k: round(float(curve[k - 1]), 4) for k in dims if 1 <= k <= len(curve)}
+    gap = lam[None, :] - lam[:m, None]  # (i, j): lambda_j - lambda_i
+    tiny = torch.finfo(t.dtype).eps * max(1.0, float(lam.abs().max()))
+    gap = torch.where(gap.abs() < tiny, torch.full_like(gap, tiny), gap)  # an exact tie: no order at all
+    half_sum = (lam[:m, None] + lam[None, :]) / 2
+    # each fold's moments about the whole's centre (the solve's), so a fold differs from the whole by noise only
+    whole_gram, whole_cross = _view_moments_about(acc, result.mean)
+    squared = torch.zeros_like(gap)
+    for fold in acc.folds:
+        gram, cross = _view_moments_about(fold, result.mean)
+        d_gram, d_cross = ((t[:, :m].T @ (x - whole)) @ t for x, whole in ((gram, whole_gram), (cross, whole_cross)))
+        rotation = (d_cross - half_sum * d_gram) / gap
+        # sum_f n_f (M_f - M)^2 / (F - 1) estimates n Var(M): the whole's own squared error, per entry
+        squared += rotation.square() * (fold.n / (acc.n * (len(acc.folds) - 1)))
+    squared[torch.arange(m), torch.arange(m)] = 0
+    # error at cut k: the sum over i <= k < j (rows above the cut, columns below it)
+    above = squared.cumsum(0)  # above[k-1, j] = sum over i < k
+    right = above.flip(1).cumsum(1).flip(1)  # right[k-1, k] = sum over i < k, j >= k
+    k = torch.arange(1, m + 1)
+    return right[k - 1, k]
 
 
-def tie_groups(curve: torch.Tensor, below: float) -> list[list[int]]:
-    """Runs of features (first, last; 1-based) that no determined cut separates: a cut after feature k is
-    determined when the halves agree on the first k features to at least `below`."""
-    cuts = [0, *(k for k in range(1, len(curve)) if curve[k - 1] >= below), len(curve)]
+def _view_moments_about(acc: RRAccumulator, mean: torch.Tensor):
+    """(Gram over both views, symmetrized cross moment) of acc about a given centre."""
+    gff, ggg, kfg, _, _ = acc.moments_about(mean, mean)
+    return (gff + ggg) / 2, (kfg + kfg.T) / 2
+
+
+def undetermined_cuts(errors: torch.Tensor | None) -> list[int]:
+    """The k (1-based) whose cut after feature k the data do not determine."""
+    return [] if errors is None else [k + 1 for k in range(len(errors)) if errors[k] >= UNDETERMINED_AT]
+
+
+def cuts_report(errors: torch.Tensor | None, folds_n: list[int] | None) -> dict | None:
+    """The manifest's `cuts`: the per-cut error estimates, the undetermined cuts, the rule."""
+    if errors is None:
+        return None
+    return {
+        "error": [round(float(e), 6) for e in errors],
+        "undetermined": undetermined_cuts(errors),
+        "undetermined_at": UNDETERMINED_AT,
+        "folds_n": folds_n,
+    }
+
+
+def tie_groups(undetermined: list[int], width: int) -> list[list[int]]:
+    """Runs of features (first, last; 1-based) that no determined cut separates."""
+    cuts = [0, *(k for k in range(1, width) if k not in set(undetermined)), width]
     return [[a + 1, b] for a, b in zip(cuts, cuts[1:]) if b - a > 1]
 
 
 def order_ties(result: RRResult, acc: RRAccumulator, groups: list[list[int]], center: bool) -> RRResult:
-    """Within each group the halves do not order, the eigenvalues give no reliable order (where they are nearly
-    equal, any basis of the group's span is an eigenbasis to within what the data determine): order it by the
-    share of the embedding's variance each feature explains, i.e. the embedding's principal components within the
-    group. A feature psi = (z - m) @ t with E[psi^2] = 1 explains ||E[(z - m) psi]||^2 = ||G t||^2 of it (G the
-    second moment the solve used; for a PCA component, its variance). Eigenvalues become each new feature's
-    Rayleigh quotient (under the Gram the solve used, shrunk or not); their sum per group, and every prefix that
-    ends at a group's edge, are unchanged. center: the
-    moments the solve used were centered (`centered`)."""
+    """Opt-in (ties=variance): order each group the data do not order by the share of the embedding's variance
+    each feature explains, i.e. the embedding's principal components within the group. A feature
+    psi = (z - m) @ t with E[psi^2] = 1 explains ||G t||^2 of it (G the Gram the solve used). Eigenvalues become
+    each new feature's Rayleigh quotient; their sum per group, and every prefix that ends at a group's edge, are
+    unchanged. center: the moments the solve used were centered."""
     gram, cross = acc.view_moments(center)
     transform, values = result.transform.clone(), result.eigenvalues.clone()
-    kept = 1 - (result.extra.get("shrinkage") or {}).get("intensity", 0.0)  # the solve's factor on the cross moment
     for first, last in groups:
         part = transform[:, first - 1 : last]
         explained = gram @ part
@@ -83,7 +108,7 @@ def order_ties(result: RRResult, acc: RRAccumulator, groups: list[list[int]], ce
         part = part @ rotation.flip(1)
         fix_signs(part)
         transform[:, first - 1 : last] = part
-        values[first - 1 : last] = kept * torch.einsum("di,de,ei->i", part, cross, part)
+        values[first - 1 : last] = torch.einsum("di,de,ei->i", part, cross, part)
     return replace(result, transform=transform, eigenvalues=values, extra=dict(result.extra))
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CI step: clone this repository into an empty temporary directory and run the README's main-job command
 # exactly as written, with its own defaults (300 steps, about a minute of training on 2 cores), then check what a
-# user looks at: the accuracy table, the export, PNG plots with content, and issue 22's bar (the export's feature
-# 1 is not the constant; Rayleigh-Ritz's first 4 features within 1 point of PCA's first 4, or better).
+# user looks at: the accuracy table, the export, PNG plots with content, and the export's feature 1 not the
+# constant. No margin against PCA is asserted: on digits the top eigenvalues are near-equal, so which 4 features
+# come first is not determined by the data (the export's `cuts` say where), and k = 4 differences are within noise.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
@@ -23,11 +24,8 @@ assert all(0.0 <= v <= 1.0 for row in report["accuracy"].values() for v in row.v
 # the export's feature 1 varies over the validation images (|mean| / sd < 0.5, i.e. a constant share below 0.2; the
 # constant function, feature 1 before issue 22, has 1)
 assert report["constant_share"]["RR"][0] < 0.2, report["constant_share"]["RR"][:4]
-# issue 22: with the constant excluded, RR at k = 4 within 1 point of PCA at k = 4 or better (measured: -0.84, 3 of
-# the 359 validation images; the paper's convention, the constant as feature 1, was 15 points behind)
 rr, pca = report["accuracy"]["RR"]["4"], report["accuracy"]["PCA"]["4"]
-assert rr >= pca - 0.01, (rr, pca, report["paired"]["RR vs PCA"]["4"])
-print(f"quickstart RR - PCA at k = 4: {100 * (rr - pca):+.2f} points", report["paired"]["RR vs PCA"]["4"])
+print(f"quickstart RR - PCA at k = 4: {100 * (rr - pca):+.2f} points (not a check)", report["paired"]["RR vs PCA"]["4"])
 manifest = json.loads((run / "rr" / "manifest.json").read_text())
 assert manifest["n"] > 0 and (run / "rr" / "rr.safetensors").stat().st_size > 0
 for png in (run / "eval" / "accuracy_vs_dim.png", run / "rr" / "eigenvalues.png"):

@@ -26,8 +26,7 @@ def _embeddings(tmp_path, n=3000, d=6, seed=0):
 def test_embeddings_mode_matches_scipy_generalized_eigh_and_round_trips(tmp_path):
     path, z1, z2 = _embeddings(tmp_path)
     out = tmp_path / "rr"
-    # the eigen-solve alone, on the sample moments as they are (the Gram's shrinkage: the next test)
-    assert rr_main([f"embeddings={path}", f"out={out}", "tie_agreement=0", "shrinkage=none"]) == 0
+    assert rr_main([f"embeddings={path}", f"out={out}"]) == 0  # the defaults: the exact solve
 
     def scipy_rr(c1, c2):
         gram = (c1.T @ c1 + c2.T @ c2) / (2 * len(c1))
@@ -71,34 +70,22 @@ def test_embeddings_mode_matches_scipy_generalized_eigh_and_round_trips(tmp_path
     torch.testing.assert_close(head(torch.from_numpy(z1), k=2), feats[:, :2])
 
 
-def test_default_shrinks_the_gram_as_scikit_learns_oas_does(tmp_path, capsys):
-    """eigtrain-rr's default: Rayleigh-Ritz on the two views' joint covariance shrunk by OAS (eigtrain.shrinkage),
-    checked against scikit-learn's OAS of the pooled Gram from n samples and scipy's generalized eigh."""
-    from sklearn.covariance import oas
-
+def test_a_ridge_is_a_departure_with_the_exact_spectrum_beside_it(tmp_path, capsys):
+    """ridge > 0 regularizes the Gram (never the default): the manifest keeps the exact solve's spectrum beside it and
+    the printout says so; the exact spectrum is scipy's generalized eigh on the sample moments."""
     path, z1, z2 = _embeddings(tmp_path, n=400, d=12)
-    assert rr_main([f"embeddings={path}", f"out={tmp_path / 'rr'}", "tie_agreement=0"]) == 0
-    printed = capsys.readouterr().out
+    assert rr_main([f"embeddings={path}", f"out={tmp_path / 'rr'}", "ridge=1e-2"]) == 0
+    assert "ridge=0.01 regularizes the Gram (not the exact solve)" in capsys.readouterr().out
     pooled = (z1.mean(0) + z2.mean(0)) / 2
     c1, c2 = z1 - pooled, z2 - pooled
     gram, cross = (c1.T @ c1 + c2.T @ c2) / (2 * len(c1)), (c1.T @ c2 + c2.T @ c1) / (2 * len(c1))
-    # n rows whose covariance about 0 is the Gram: scikit-learn's OAS of it, from n samples
-    rows = np.sqrt(len(c1)) * np.linalg.qr(np.random.default_rng(0).normal(size=(len(c1), 12)))[0]
-    shrunk, rho = oas(rows @ scipy.linalg.sqrtm(gram).real, assume_centered=True)
-    lam, vecs = scipy.linalg.eigh((1 - rho) * cross, shrunk)  # the joint covariance of the two views shrunk
-    tensors = load_file(str(tmp_path / "rr" / "rr.safetensors"))
-    np.testing.assert_allclose(tensors["eigenvalues"].numpy(), lam[::-1], rtol=1e-9, atol=1e-12)
-    signs = np.sign((tensors["transform"].numpy() * vecs[:, ::-1]).sum(0))
-    np.testing.assert_allclose(tensors["transform"].numpy() * signs, vecs[:, ::-1], atol=1e-8)
     manifest = json.loads((tmp_path / "rr" / "manifest.json").read_text())
-    assert manifest["shrinkage"]["method"] == "oas" and abs(manifest["shrinkage"]["intensity"] - rho) < 1e-12
-    assert 0.01 < rho < 0.2 and f"intensity {rho:.4f}" in printed
     exact = scipy.linalg.eigh(cross, gram, eigvals_only=True)[::-1]
-    assert (tensors["eigenvalues"].numpy() <= exact + 1e-12).all()  # shrinking never raises a quotient
-    assert rr_main([f"embeddings={path}", f"out={tmp_path / 'rr2'}", "ridge=1e-3"]) == 2  # two regularizations
-    assert "give shrinkage=none" in capsys.readouterr().err
-    assert rr_main([f"embeddings={path}", f"out={tmp_path / 'rr2'}", "ridge=1e-3", "shrinkage=none"]) == 0
-    assert json.loads((tmp_path / "rr2" / "manifest.json").read_text())["shrinkage"] is None
+    np.testing.assert_allclose(manifest["exact_spectrum"], exact, rtol=1e-9, atol=1e-12)
+    ridged = scipy.linalg.eigh(cross, gram + 1e-2 * np.trace(gram) / 12 * np.eye(12), eigvals_only=True)[::-1]
+    np.testing.assert_allclose(manifest["eigenvalues"], ridged, rtol=1e-9, atol=1e-12)
+    assert rr_main([f"embeddings={path}", f"out={tmp_path / 'rr2'}"]) == 0
+    assert json.loads((tmp_path / "rr2" / "manifest.json").read_text())["exact_spectrum"] is None
 
 
 def test_svd_mode_exports_both_sides(tmp_path, capsys):

@@ -88,15 +88,15 @@ def test_an_scl_run_is_reduced_and_evaluated_on_its_normalized_embeddings(digits
     opened.encoder = raw_encoder
     acc_raw, _ = reduce_pairs(opened, "train", 128, 0, 0, 1)
     spectrum = torch.tensor(manifest["spectrum"], dtype=torch.float64)  # the solve's eigenvalues, before tie ordering
-    assert torch.allclose(spectrum, solve(acc_normed, shrinkage="oas").eigenvalues, rtol=1e-9)  # eigtrain-rr's
-    assert not torch.allclose(spectrum, solve(acc_raw, shrinkage="oas").eigenvalues, rtol=1e-3)
+    assert torch.allclose(spectrum, solve(acc_normed).eigenvalues, rtol=1e-9)  # eigtrain-rr's
+    assert not torch.allclose(spectrum, solve(acc_raw).eigenvalues, rtol=1e-3)
 
     # eval embeds through the same view and says so; an export solved on raw embeddings is refused
     assert eval_main([f"run_dir={run_dir}", f"out={tmp_path / 'ev'}", "retrieval=none", "probe=closed_form"]) == 0
     table = (tmp_path / "ev" / "table.md").read_text()
     assert "Embeddings l2-normalized, as the objective saw them." in table
-    agree = json.loads((tmp_path / "ev" / "report.json").read_text())["rr_reproducibility"]
-    assert agree == manifest["reproducibility"] and "RR prefixes the data determines" in table  # eval passes it on
+    cuts = json.loads((tmp_path / "ev" / "report.json").read_text())["rr_cuts"]
+    assert cuts == manifest["cuts"] and "RR cuts the data do not determine" in table  # eval passes it on
     val_z, _ = embed_split(open_run(str(run_dir)), "val")
     assert torch.allclose(val_z.norm(dim=1), torch.ones(len(val_z)), atol=1e-5)
     stale = tmp_path / "stale_rr"

@@ -1,4 +1,5 @@
-"""Which prefixes of a Rayleigh-Ritz export the data determines: the solve on two halves of the rows, compared."""
+"""Which cuts of a Rayleigh-Ritz export the data determine (per-cut errors from folds of the rows), and the opt-in
+variance order inside the undetermined groups (ties=variance)."""
 
 import json
 
@@ -10,7 +11,7 @@ from safetensors.torch import load_file
 from eigtrain.rayleigh_ritz import RRAccumulator, solve
 from eigtrain.rr_job import main as rr_main
 from eigtrain.rr_job import reduce_embeddings
-from eigtrain.rr_prefixes import agreement_curve, order_ties, prefix_reproducibility, tie_groups
+from eigtrain.rr_prefixes import cut_errors, order_ties, tie_groups, undetermined_cuts
 
 # correlations of six latent coordinates between the two views: the first two tie, the rest are apart
 RHO = np.array([0.9, 0.9, 0.6, 0.4, 0.2, 0.05])
@@ -24,52 +25,46 @@ def _pairs(n=40000, seed=0):
     return latent @ mix, other @ mix
 
 
-def test_a_cut_inside_a_tie_is_not_reproducible_and_a_cut_after_it_is():
+def test_a_cut_inside_a_tie_is_undetermined_and_the_cuts_around_it_are_not():
     z1, z2 = (torch.from_numpy(z) for z in _pairs())
-    acc = RRAccumulator(z1.shape[1], halves=True)
-    acc.update(z1, z2, half=torch.arange(len(z1)) % 2 == 1)
-    agree = prefix_reproducibility(agreement_curve(acc), [1, 2, 3, 4, 6])
-    assert agree[1] < 0.95, agree  # which of the two tied features comes first follows the sample
-    assert min(agree[k] for k in (2, 3, 4)) > 0.99 and agree[6] == pytest.approx(1.0), agree
-    assert agreement_curve(RRAccumulator(6)) is None  # no halves kept: nothing to say
-    with pytest.raises(ValueError, match="needs each row's half"):
+    acc = RRAccumulator(z1.shape[1], folds=8)
+    acc.update(z1, z2, fold=torch.arange(len(z1)) % 8)
+    assert undetermined_cuts(cut_errors(solve(acc), acc)) == [1]  # which of the two tied features comes first
+    assert cut_errors(solve(acc), RRAccumulator(6)) is None  # no folds kept: nothing to say
+    with pytest.raises(ValueError, match="needs each row's fold"):
         acc.update(z1[:4], z2[:4])
 
 
-def test_halves_follow_the_global_row_whatever_the_ranks(tmp_path):
+def test_folds_follow_the_global_row_whatever_the_ranks(tmp_path):
     z1, z2 = _pairs(n=3001)
     np.savez(tmp_path / "emb.npz", z1=z1, z2=z2)
-    whole, _ = reduce_embeddings(str(tmp_path / "emb.npz"), False, halves=True)
-    parts = [
-        reduce_embeddings(str(tmp_path / "emb.npz"), False, rank, 3, block=500, halves=True)[0] for rank in range(3)
-    ]
+    whole, _ = reduce_embeddings(str(tmp_path / "emb.npz"), False, folds=4)
+    parts = [reduce_embeddings(str(tmp_path / "emb.npz"), False, rank, 3, block=500, folds=4)[0] for rank in range(3)]
     for part in parts[1:]:
         parts[0].merge(part)
-    assert [h.n for h in parts[0].halves] == [h.n for h in whole.halves] == [1501, 1500]
-    for mine, theirs in zip(parts[0].halves, whole.halves):
+    assert [f.n for f in parts[0].folds] == [f.n for f in whole.folds] == [751, 750, 750, 750]
+    for mine, theirs in zip(parts[0].folds, whole.folds):
         assert torch.allclose(mine.c_fg, theirs.c_fg, rtol=1e-10) and torch.allclose(mine.mean_f, theirs.mean_f)
-    merged, single = (prefix_reproducibility(agreement_curve(a), [1, 2, 4]) for a in (parts[0], whole))
-    assert merged == pytest.approx(single, abs=1e-6)
+    merged, single = (cut_errors(solve(a), a) for a in (parts[0], whole))
+    torch.testing.assert_close(merged, single, rtol=1e-6, atol=1e-9)
 
 
-def test_the_export_reports_its_prefixes_agreement(tmp_path, capsys):
-    z1, z2 = _pairs(n=4000)
+def test_the_export_reports_its_cuts(tmp_path, capsys):
+    z1, z2 = _pairs()
     np.savez(tmp_path / "emb.npz", z1=z1, z2=z2)
     assert rr_main([f"embeddings={tmp_path / 'emb.npz'}", f"out={tmp_path / 'rr'}"]) == 0
-    agree = json.loads((tmp_path / "rr" / "manifest.json").read_text())["reproducibility"]
-    assert list(agree) == ["1", "2", "3", "4", "5", "6"] and all(0 <= v <= 1 + 1e-9 for v in agree.values())
-    out = capsys.readouterr().out
-    assert "halves of the data (2000 and 2000 samples, 6 features) agree (1 = the same k features): k=1" in out
-    assert f"k=1 {agree['1']:.3f}," in out  # 3 places: an agreement of 0.948 must not print as a 0.95 cut's 0.95
-    assert json.loads((tmp_path / "rr" / "manifest.json").read_text())["halves_n"] == [2000, 2000]
-    assert rr_main([f"embeddings={tmp_path / 'emb.npz'}", f"out={tmp_path / 'rr2'}", "halves=false"]) == 0
-    assert json.loads((tmp_path / "rr2" / "manifest.json").read_text())["reproducibility"] is None
+    cuts = json.loads((tmp_path / "rr" / "manifest.json").read_text())["cuts"]
+    assert len(cuts["error"]) == 5 and all(e >= 0 for e in cuts["error"]) and cuts["folds_n"] == [5000] * 8
+    assert cuts["undetermined"] == [k + 1 for k, e in enumerate(cuts["error"]) if e >= cuts["undetermined_at"]]
+    assert cuts["undetermined"] == [1]  # the tie (as in the test above: the same sample)
+    assert "do not determine the cut after feature(s) 1" in capsys.readouterr().out
+    assert rr_main([f"embeddings={tmp_path / 'emb.npz'}", f"out={tmp_path / 'rr2'}", "folds=0"]) == 0
+    assert json.loads((tmp_path / "rr2" / "manifest.json").read_text())["cuts"] is None
 
 
 def test_tie_groups_are_the_runs_between_determined_cuts():
-    curve = torch.tensor([0.5, 0.99, 0.7, 0.8, 0.97, 0.96, 1.0])
-    assert tie_groups(curve, 0.95) == [[1, 2], [3, 5]]  # cuts after 2, 5 and 6 are determined
-    assert tie_groups(curve, 0.0) == [] and tie_groups(curve, 1.0) == [[1, 7]]
+    assert tie_groups([1, 3, 4], 8) == [[1, 2], [3, 5]]  # cuts after 2, 5, 6, 7 are determined
+    assert tie_groups([], 8) == [] and tie_groups(list(range(1, 8)), 8) == [[1, 8]]
 
 
 def _scaled_tie(seed: int, mix: bool, n: int = 20000):
@@ -101,15 +96,15 @@ def test_a_tie_is_ordered_by_variance_and_nothing_outside_it_moves():
     torch.testing.assert_close(tied.transform.T @ ((gff + ggg) / 2) @ tied.transform, torch.eye(6, dtype=torch.float64))
 
 
-def test_the_export_orders_the_groups_its_halves_do_not_determine(tmp_path, capsys):
-    z1, z2, latent, louder = _scaled_tie(1, True)  # a sample whose halves disagree on the first feature (0.67)
+def test_ties_variance_orders_the_undetermined_groups_and_the_default_does_not(tmp_path, capsys):
+    z1, z2, latent, louder = _scaled_tie(1, True)
     np.savez(tmp_path / "emb.npz", z1=z1, z2=z2)
     args = [f"embeddings={tmp_path / 'emb.npz'}"]
-    assert rr_main([*args, f"out={tmp_path / 'rr'}"]) == 0
-    assert "features 1-2 are a group whose order two halves of the data do not determine" in capsys.readouterr().out
-    assert rr_main([*args, f"out={tmp_path / 'plain'}", "tie_agreement=0"]) == 0
+    assert rr_main([*args, f"out={tmp_path / 'rr'}", "ties=variance"]) == 0
+    assert "ties=variance: features 1-2 reordered by the embedding's variance" in capsys.readouterr().out
+    assert rr_main([*args, f"out={tmp_path / 'plain'}"]) == 0
     manifest = json.loads((tmp_path / "rr" / "manifest.json").read_text())
-    assert manifest["ties"] == {"agreement_below": 0.95, "groups": [[1, 2]], "paper_groups": [[1, 2]]}
+    assert manifest["ties"] == {"order": "variance", "groups": [[1, 2]]}
     assert json.loads((tmp_path / "plain" / "manifest.json").read_text())["ties"] is None
     tied, plain = (load_file(str(tmp_path / d / "rr.safetensors")) for d in ("rr", "plain"))
     torch.testing.assert_close(tied["transform"][:, 2:], plain["transform"][:, 2:], rtol=0, atol=0)

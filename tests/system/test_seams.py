@@ -200,14 +200,14 @@ def exports_both_conventions(export) -> None:
 
 
 def solved_on_what_the_objective_saw(manifest, source) -> None:
-    """SCL (normalize=full) runs are reduced on l2-normalized outputs and say which prefixes two halves of the data
-    agree on; the pairs run (LoRA, svd: two encoders, no normalization) on raw outputs, with no halves."""
+    """SCL (normalize=full) runs are reduced on l2-normalized outputs and say which cuts the data determine; the
+    pairs run (LoRA, svd: two encoders, no normalization) on raw outputs, with no per-cut test."""
     if source == "pairs":
-        assert manifest["input"] == "raw" and manifest["reproducibility"] is None
+        assert manifest["input"] == "raw" and manifest["cuts"] is None
         return
     assert manifest["input"] == "l2_normalized" == manifest["source"]["input"]
-    agree = manifest["reproducibility"]
-    assert list(agree)[:3] == ["1", "2", "3"] and all(-1e-9 <= v <= 1 + 1e-9 for v in agree.values()), agree
+    cuts = manifest["cuts"]  # None: too few samples for 8 folds (the val split's 24), as the printout says
+    assert cuts is None or (len(cuts["error"]) == manifest["num_features"] - 1 and min(cuts["error"]) >= 0), cuts
 
 
 def first_rr_feature_is_not_constant(report) -> None:
@@ -266,8 +266,8 @@ def test_eval_scores_split_val_with_both_rr_conventions(runs, exports, data, sou
     first_rr_feature_is_not_constant(report)
     assert {"table.md", "table.csv", "report.json"} <= {p.name for p in out.iterdir()}
     manifest = json.loads((exports[source] / "manifest.json").read_text())
-    assert report["input"] == manifest["input"] and report["rr_reproducibility"] == manifest["reproducibility"]
-    assert report["rr_ties"] == manifest["ties"]  # the groups ordered by variance, as the export says
+    assert report["input"] == manifest["input"] and report["rr_cuts"] == manifest["cuts"]
+    assert report["rr_ties"] == manifest["ties"]  # None: the default keeps eigenvalue order
 
 
 def test_eval_of_a_shards_run_without_val_shards_refuses_with_one_line(runs, tmp_path, capsys):
@@ -319,7 +319,7 @@ def test_rr_user_model_over_every_source(data, source, split, tmp_path):
     )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["n"] == counts(data, source)[split] and manifest["source"]["encoder"] == USER_MODEL
-    assert manifest["input"] == "raw" and set(manifest["reproducibility"]) >= {"1", "2", "4"}
+    assert manifest["input"] == "raw" and len(manifest["cuts"]["error"]) == manifest["num_features"] - 1
 
 
 def test_rr_timm_model_over_http_shards(data, tmp_path):
@@ -357,7 +357,7 @@ def test_rr_embedding_files(layout, tmp_path):
     assert rr_main([f"embeddings={path}", f"out={tmp_path / 'rr'}"]) == 0
     manifest = json.loads((tmp_path / "rr" / "manifest.json").read_text())
     assert manifest["n"] == 600 and manifest["source"]["kind"] == "embeddings" and manifest["dim"] == 5
-    assert manifest["input"] == "raw" and list(manifest["reproducibility"]) == ["1", "2", "3", "4", "5"]
+    assert manifest["input"] == "raw" and len(manifest["cuts"]["error"]) == 4
 
 
 # -- other engines and process counts (slow) -------------------------------------------------------------------
@@ -416,27 +416,26 @@ def test_two_rank_training_over_http_then_two_rank_rr(data, tmp_path):
     two = json.loads((tmp_path / "rr" / "manifest.json").read_text())
     assert two["n"] == N_VAL
     assert os.path.exists(run_dir / "model.safetensors")
-    # one rank with two workers reads the same batches: the same export (the halves: test below)
+    # one rank with two workers reads the same batches: the same export (the folds: test below)
     one_rank = [f"run_dir={run_dir}", "split=val", "num_workers=2", f"out={tmp_path / 'rr1'}", "batch_size=8"]
     assert rr_main(one_rank) == 0
     one = json.loads((tmp_path / "rr1" / "manifest.json").read_text())
     assert one["eigenvalues"] == pytest.approx(two["eigenvalues"], abs=1e-9)
-    assert one["reproducibility"].keys() == two["reproducibility"].keys()
+    assert one["cuts"] == two["cuts"] is None  # 24 samples: a fold of 8 holds fewer than 2
 
 
 @pytest.mark.parametrize("source", ["shards", "http"])  # data.root's val split is one shard: no 2 reader slots
-def test_rr_halves_hold_the_same_samples_on_one_and_two_ranks(runs, data, source):
-    """The split-half statistics behind the manifest's `reproducibility` (sample-keyed halves) are the same for
-    1 rank x 2 workers and 2 ranks x 1 worker, as the whole export is. (The agreement figures themselves are
-    compared only here, on the moments: on 32-sample halves of 16 features they amplify rounding.)"""
+def test_rr_folds_hold_the_same_samples_on_one_and_two_ranks(runs, data, source):
+    """The per-fold statistics behind the manifest's `cuts` (sample-keyed folds) are the same for 1 rank x 2 workers
+    and 2 ranks x 1 worker, as the whole export is (compared on the moments)."""
     from eigtrain.embed import open_run, reduce_pairs
 
     run = open_run(str(runs[source]))
-    one, _ = reduce_pairs(run, "val", 8, 2, 0, 1, halves=True)
-    two = [reduce_pairs(run, "val", 8, 1, rank, 2, halves=True)[0] for rank in range(2)]
+    one, _ = reduce_pairs(run, "val", 8, 2, 0, 1, folds=4)
+    two = [reduce_pairs(run, "val", 8, 1, rank, 2, folds=4)[0] for rank in range(2)]
     two[0].merge(two[1])
-    assert [h.n for h in one.halves] == [h.n for h in two[0].halves] and min(h.n for h in one.halves) > 0
-    for mine, theirs in zip(one.halves, two[0].halves):
+    assert [f.n for f in one.folds] == [f.n for f in two[0].folds] and min(f.n for f in one.folds) > 0
+    for mine, theirs in zip(one.folds, two[0].folds):
         for name in ("mean_f", "mean_g", "c_ff", "c_gg", "c_fg"):
             assert torch.allclose(getattr(mine, name), getattr(theirs, name), rtol=1e-9, atol=1e-12), name
 

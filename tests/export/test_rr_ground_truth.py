@@ -1,0 +1,120 @@
+"""eigtrain-rr's defaults against ground truth: embeddings whose eigenpairs are known exactly, run through the command
+as a user runs it (`eigtrain-rr embeddings=FILE out=DIR`, nothing else). Issue 33's bar: the first 8 eigenvalues
+within 0.02 of the truth, feature i correlated >= 0.9 with true eigenfunction i, a rescaled coordinate moving no
+eigenvalue by more than 1e-6; near-ties reported as undetermined cuts; d > n refused."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from eigtrain.export import load_head
+from eigtrain.rayleigh_ritz import RRAccumulator, solve
+from eigtrain.rr_job import main as rr_main
+from eigtrain.rr_prefixes import UNDETERMINED_AT, cut_errors
+from eigtrain.synthetic.kernels import build_kernel
+from eigtrain.synthetic.sampler import sample_pairs
+from tests.support.known_pairs import SPREAD, feature_correlations, latent_pairs, mixing, write_case
+from tests.support.runs import check, torchrun
+
+
+def _export(tmp_path, name, *extra):
+    out = tmp_path / f"rr-{name}"
+    assert rr_main([f"embeddings={tmp_path / f'{name}.npz'}", f"out={out}", *extra]) == 0
+    return out, json.loads((out / "manifest.json").read_text())
+
+
+def _features(out, z):
+    return load_head(out, dtype=torch.float64)(torch.from_numpy(z)).numpy()
+
+
+@pytest.mark.parametrize("case", ["whitened", "anisotropic", "against"])
+def test_default_export_recovers_known_eigenpairs(tmp_path, case):
+    u1, _, m = write_case(tmp_path / f"{case}.npz", case)
+    out, manifest = _export(tmp_path, case)
+    eigenvalues = np.array(manifest["eigenvalues"])
+    assert np.abs(eigenvalues[:8] - SPREAD[:8]).max() < 0.02, eigenvalues[:8]
+    correlations = feature_correlations(_features(out, u1 @ m.T), u1)
+    assert correlations.min() >= 0.9, correlations
+    assert manifest["cuts"]["undetermined"] == []  # gaps of 0.057 against noise ~0.01: every cut determined
+
+
+def test_rescaling_one_coordinate_moves_no_eigenvalue(tmp_path):
+    u1, u2, m = write_case(tmp_path / "anisotropic.npz", "anisotropic")
+    scale = np.ones(len(m))
+    scale[3] = 100.0
+    np.savez(tmp_path / "rescaled.npz", z1=(u1 @ m.T) * scale, z2=(u2 @ m.T) * scale)
+    _, plain = _export(tmp_path, "anisotropic")
+    _, rescaled = _export(tmp_path, "rescaled")
+    assert np.abs(np.array(plain["eigenvalues"]) - np.array(rescaled["eigenvalues"])).max() < 1e-6
+
+
+def test_near_equal_eigenvalues_are_reported_not_ordered(tmp_path, capsys):
+    """lambda_3 = lambda_4: the cut between them is undetermined (and reported), the others are determined; the
+    tied pair's span is still recovered, every eigenvalue within 0.02."""
+    tied = np.array([0.95, 0.85, 0.70, 0.70, 0.55, 0.45, 0.35, 0.25])
+    u1, _, m = write_case(tmp_path / "tied.npz", "anisotropic", tied)
+    out, manifest = _export(tmp_path, "tied")
+    assert manifest["cuts"]["undetermined"] == [3]
+    assert "do not determine the cut after feature(s) 3 of 8" in capsys.readouterr().out
+    assert np.abs(np.array(manifest["eigenvalues"]) - tied).max() < 0.02
+    features = _features(out, u1 @ m.T)
+    corr = feature_correlations(features, u1)
+    assert np.delete(corr, [2, 3]).min() >= 0.9, corr
+    # the pair's span: canonical correlations of features 3-4 with true 3-4
+    a, b = (np.linalg.qr(x - x.mean(0))[0] for x in (features[:, 2:4], u1[:, 2:4]))
+    assert np.linalg.svd(a.T @ b, compute_uv=False).min() >= 0.99
+
+
+def test_more_dimensions_than_pairs_is_refused(tmp_path, capsys):
+    u1, u2 = (np.random.default_rng(s).standard_normal((12, 16)) for s in (0, 1))
+    np.savez(tmp_path / "wide.npz", z1=u1, z2=0.5 * u1 + u2)
+    assert rr_main([f"embeddings={tmp_path / 'wide.npz'}", f"out={tmp_path / 'rr'}"]) == 2
+    err = capsys.readouterr().err
+    assert "12 pairs cannot order" in err and "give more pairs than dimensions" in err
+    assert not (tmp_path / "rr").exists()
+
+
+def test_synthetic_kernel_pairs_through_the_command(tmp_path):
+    """Pairs drawn from a synthetic kernel (Fourier on [-1, 1], known eigenpairs), embedded by a random invertible mix
+    of its 5 eigenfunctions (a model whose span is right): the export's eigenvalues are the kernel's, feature i its
+    eigenfunction i + 1 (the constant, eigenfunction 1, exported apart)."""
+    kernel = build_kernel("fourier", 5, 1, eigenvalues=torch.tensor([1.0, 0.24, 0.15, 0.07, 0.03], dtype=torch.float64))
+    a, a_pos = sample_pairs(kernel, 40000, torch.Generator().manual_seed(0), dtype=torch.float64)
+    psi, psi_pos = kernel.eigenfunctions(a).numpy(), kernel.eigenfunctions(a_pos).numpy()
+    mix = np.random.default_rng(0).standard_normal((5, 5)) + 3 * np.eye(5)
+    np.savez(tmp_path / "kernel.npz", z1=psi @ mix.T, z2=psi_pos @ mix.T)
+    out, manifest = _export(tmp_path, "kernel")
+    assert manifest["trivial"]["in_span"]
+    assert np.abs(np.array(manifest["eigenvalues"]) - kernel.eigenvalues[1:].numpy()).max() < 0.02
+    assert feature_correlations(_features(out, psi @ mix.T), psi[:, 1:]).min() >= 0.9
+    assert manifest["cuts"]["undetermined"] == []
+
+
+@pytest.mark.slow
+def test_two_ranks_export_what_one_rank_exports(tmp_path):
+    write_case(tmp_path / "whitened.npz", "whitened", n=4000)
+    _, one = _export(tmp_path, "whitened")
+    out = tmp_path / "rr-two"
+    check(torchrun(tmp_path, ["-m", "eigtrain.rr_job"], f"embeddings={tmp_path / 'whitened.npz'}", f"out={out}"))
+    two = json.loads((out / "manifest.json").read_text())
+    assert np.abs(np.array(one["eigenvalues"]) - np.array(two["eigenvalues"])).max() < 1e-10
+    assert one["cuts"]["undetermined"] == two["cuts"]["undetermined"]
+    assert np.abs(np.array(one["cuts"]["error"]) - np.array(two["cuts"]["error"])).max() < 1e-8
+
+
+def _cut_error(eigenvalues, n, seed, folds=8):
+    u1, u2 = latent_pairs(np.array(eigenvalues), n, seed)
+    m = mixing("anisotropic", len(eigenvalues), seed)
+    acc = RRAccumulator(len(eigenvalues), folds=folds)
+    acc.update(torch.from_numpy(u1 @ m.T), torch.from_numpy(u2 @ m.T), fold=torch.arange(n) % folds)
+    return float(cut_errors(solve(acc), acc)[1])  # the cut after feature 2
+
+
+def test_cut_rule_flags_exact_ties_and_passes_clear_gaps():
+    """The rule's calibration (rr_prefixes): over 20 samples of 2,000 pairs, a cut between equal eigenvalues is called
+    undetermined in most, one at a gap of 0.1 (about 5 noise standard deviations) in none."""
+    tie = [_cut_error([0.9, 0.7, 0.7, 0.5], 2000, seed) >= UNDETERMINED_AT for seed in range(20)]
+    gap = [_cut_error([0.9, 0.75, 0.65, 0.5], 2000, seed) >= UNDETERMINED_AT for seed in range(20)]
+    assert sum(tie) >= 16 and sum(gap) == 0, (sum(tie), sum(gap))

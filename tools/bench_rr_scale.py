@@ -1,0 +1,107 @@
+"""The Rayleigh-Ritz pass at scale: `eigtrain-rr embeddings=FILE` with its defaults against the same moments and
+generalized eigendecomposition computed in memory with numpy/scipy, side by side on the same files.
+
+    python tools/bench_rr_scale.py [--n 40000] [--dims 512 2048 8192] [--repeats 1] [--out FILE.json]
+
+For each d: writes n pairs (z1, z2 float32, a known two-view model) to a temporary .npy pair, then times (in
+alternation, `--repeats` times) the command in a fresh process (its peak resident memory from the kernel) and the
+reference: np.load, float64 moments (both views' Gram, the symmetrized cross moment, centered), scipy.linalg.eigh.
+Prints JSON: seconds, the ratio command / reference (the issue's bar: <= 1.3 at d = 2048), peak memory in GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def write_pairs(directory: Path, n: int, d: int, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    lam = np.linspace(0.95, 0.05, d)
+    mix = rng.standard_normal((d, d)).astype(np.float32) / np.sqrt(d) + np.eye(d, dtype=np.float32)
+    z1 = np.lib.format.open_memmap(directory / "z1.npy", "w+", np.float32, (n, d))
+    z2 = np.lib.format.open_memmap(directory / "z2.npy", "w+", np.float32, (n, d))
+    for start in range(0, n, 8192):
+        rows = min(8192, n - start)
+        shared = rng.standard_normal((rows, d))
+        for z in (z1, z2):
+            view = np.sqrt(lam) * shared + np.sqrt(1 - lam) * rng.standard_normal((rows, d))
+            z[start : start + rows] = view.astype(np.float32) @ mix.T
+    z1.flush()
+    z2.flush()
+    return directory
+
+
+def reference(directory: Path) -> float:
+    import scipy.linalg
+
+    start = time.perf_counter()
+    z1, z2 = (np.load(directory / f"z{i}.npy").astype(np.float64) for i in (1, 2))
+    mean = (z1.mean(0) + z2.mean(0)) / 2
+    z1 -= mean
+    z2 -= mean
+    n = len(z1)
+    gram = (z1.T @ z1 + z2.T @ z2) / (2 * n)
+    cross = z1.T @ z2 / n
+    cross = (cross + cross.T) / 2
+    scipy.linalg.eigh(cross, gram)
+    return time.perf_counter() - start
+
+
+def command(directory: Path, out: Path) -> tuple[float, float]:
+    """(seconds, peak GiB of the child) of eigtrain-rr with its defaults."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "eigtrain.rr_job", f"embeddings={directory}", f"out={out}"],
+        capture_output=True,
+        text=True,
+    )
+    seconds = time.perf_counter() - start
+    if proc.returncode:
+        raise SystemExit(proc.stderr[-2000:])
+    peak = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    return seconds, peak / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=40000)
+    parser.add_argument("--dims", type=int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    rows = []
+    for d in args.dims:
+        with tempfile.TemporaryDirectory() as tmp:
+            data = write_pairs(Path(tmp), args.n, d)
+            ours, theirs, peaks = [], [], []
+            for r in range(args.repeats):
+                seconds, peak = command(data, Path(tmp) / f"rr{r}")
+                ours.append(seconds)
+                peaks.append(peak)
+                theirs.append(reference(data))
+            row = {
+                "d": d,
+                "n": args.n,
+                "eigtrain_rr_s": round(min(ours), 2),
+                "numpy_scipy_s": round(min(theirs), 2),
+                "ratio": round(min(ours) / min(theirs), 3),
+                "eigtrain_rr_peak_gib": round(max(peaks), 2),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
