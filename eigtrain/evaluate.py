@@ -113,7 +113,8 @@ def adaptive_dimension_table(
     report = {
         "dims": dims,
         "probe": probe,
-        "probe_features": "whitened",  # each method's first k, on the training split's covariance (probes.whiten)
+        # each method's first k on the training split's covariance (probes.whiten), unless a caller asks otherwise
+        "probe_features": "whitened" if probe_kwargs.get("whitened", True) else "standardized",
         "accuracy": results,
         "ordering": ordering,
         "knn": knn,

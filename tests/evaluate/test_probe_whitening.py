@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from eigtrain.evaluate import adaptive_dimension_table
 from eigtrain.evaluate import main as eval_main
 from eigtrain.probes import pca_features, probe_accuracy, probe_correct, whiten
 from eigtrain.rr_job import main as rr_main
@@ -85,6 +86,28 @@ def test_correlated_coordinates_of_a_separated_problem_score_as_their_span():
         assert standardized["pca"] > 0.95 and standardized["raw"] < standardized["pca"] - 0.01
         if probe == "sgd":
             assert standardized["raw"] < 0.5  # SGD on the ill-conditioned coordinates barely leaves chance
+
+
+@pytest.mark.parametrize("whitened", [True, False])
+def test_the_table_scores_every_basis_of_the_full_space_alike(whitened):
+    """adaptive_dimension_table on ordered features and a badly conditioned basis of the same space: at k = d, RR,
+    PCA and RS score the same only when the probes whiten (the report says which protocol ran)."""
+    x, y = blobs()
+    raw = (x.double() @ _ill_conditioned(16, 1e3, seed=5)).float()
+    report = adaptive_dimension_table(
+        {"rr": x[:400], "raw": raw[:400]},
+        {"rr": x[400:], "raw": raw[400:]},
+        y[:400],
+        y[400:],
+        dims=[4, 16],
+        random_draws=2,
+        probe="closed_form",
+        retrieval_backend=None,
+        whitened=whitened,
+    )
+    full = [row[16] for row in report["accuracy"].values()]
+    assert report["probe_features"] == ("whitened" if whitened else "standardized")
+    assert (max(full) - min(full) < 1e-6) == whitened, report["accuracy"]
 
 
 @pytest.mark.slow
