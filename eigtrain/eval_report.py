@@ -22,6 +22,8 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
         if report["probe"] == "sgd"
         else "closed-form ridge probe (faster, not the paper's SGD probe)"
     )
+    if report.get("probe_features") == "whitened":
+        probe_note += ", on each method's first k features whitened on the training split (it scores their span)"
     lines = [f"### {title or 'Linear probe accuracy (%) by representation size'}", "", f"Probe: {probe_note}.", ""]
     if report.get("data"):
         seen = " Embeddings l2-normalized, as the objective saw them." if report.get("input") == "l2_normalized" else ""
@@ -41,7 +43,7 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     if report["knn"]:
         lines += [
             "",
-            "kNN accuracy (k=20, cosine, full dimension): "
+            "kNN accuracy (k=20, cosine in each method's own coordinates, not whitened, full dimension): "
             + ", ".join(f"{n}: {100 * v:.2f}" for n, v in report["knn"].items()),
         ]
     lines += _retrieval_lines(report)

@@ -13,8 +13,10 @@ vector (fp32/fp16/int8), measured exact-search time per query, and the smallest 
 each method's accuracy at full dimension.
 
 Probe: the paper's protocol is a linear classifier trained 50 epochs with SGD (lr 0.1, momentum 0.9,
-weight decay 1e-4, cosine schedule) on frozen, here standardized, features. `probe="closed_form"` is a
-faster ridge least-squares classifier on one-hot targets; it is stated as such in every table.
+weight decay 1e-4, cosine schedule) on frozen features, here whitened on the training split (`probes.whiten`), so
+methods differ only where their subspaces do; kNN, like retrieval, uses each method's own coordinates.
+`probe="closed_form"` is a faster ridge least-squares classifier on one-hot targets; it is stated as such in every
+table.
 """
 
 from __future__ import annotations
@@ -111,6 +113,8 @@ def adaptive_dimension_table(
     report = {
         "dims": dims,
         "probe": probe,
+        # each method's first k on the training split's covariance (probes.whiten), unless a caller asks otherwise
+        "probe_features": "whitened" if probe_kwargs.get("whitened", True) else "standardized",
         "accuracy": results,
         "ordering": ordering,
         "knn": knn,

@@ -21,7 +21,31 @@ def dims_for(d: int) -> list[int]:
     return mrl_prefixes(d)
 
 
+def whiten(train: torch.Tensor, test: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both splits in the training split's whitened coordinates (float32, shapes kept): centred on the training
+    mean and mapped by V Λ^(-1/2) from the eigendecomposition of the training covariance (float64, in row
+    blocks), so a linear map applied to the input changes them only by a rotation. Its numerical range only:
+    a direction whose standard deviation is under k·ε (ε the input's machine epsilon) of the largest is the
+    input's rounding, not its signal, and becomes a zero column (a rank-deficient prefix never blows up).
+    (n, k) or a stack (R, n, k) of independent problems, each whitened by its own covariance."""
+    n, k = train.shape[-2:]
+    eps = torch.finfo(train.dtype if train.is_floating_point() else F32).eps
+    rows = max(1, (1 << 24) // max(train[..., :1, :].numel(), 1))  # float64 blocks of at most 128 MiB
+    blocks = lambda x: _row_blocks(x, rows, axis=-2)  # noqa: E731
+    mean = sum(b.sum(-2, keepdim=True) for b in blocks(train)) / n
+    cov = sum((b - mean).mT @ (b - mean) for b in blocks(train)) / max(n - 1, 1)
+    variances, directions = torch.linalg.eigh(cov)  # ascending
+    keep = variances > variances[..., -1:].clamp_min(0) * (k * eps) ** 2
+    scale = torch.where(keep, variances.clamp_min(torch.finfo(torch.float64).tiny).rsqrt(), 0.0)
+    project = directions * scale[..., None, :]
+    mapped = lambda x: torch.cat([((b - mean) @ project).float() for b in blocks(x)], -2)  # noqa: E731
+    return mapped(train), mapped(test)
+
+
 def _standardize(train: torch.Tensor, test: torch.Tensor):
+    """Each feature to mean 0, variance 1 on the training split (what the probes did before `whiten`: correlated
+    features stay ill-conditioned, so the same space scored by its basis)."""
+    train, test = train.to(F32), test.to(F32)
     mean, std = train.mean(-2, keepdim=True), train.std(-2, keepdim=True).clamp_min(1e-8)
     return (train - mean) / std, (test - mean) / std
 
@@ -47,15 +71,20 @@ def probe_correct(
     batch_size: int = 256,
     ridge: float = 1e-3,
     seed: int = 0,
+    whitened: bool = True,
 ) -> torch.Tensor:
     """Which test samples linear probes classify right (1) or wrong (0). Inputs (n, k) or a stack of R
-    independent problems (R, n, k); returns (R, n_test) (R = 1 for 2-D input). The R probes train in parallel."""
+    independent problems (R, n, k); returns (R, n_test) (R = 1 for 2-D input). The R probes train in parallel.
+    The probes see their input `whiten`ed on the training split, so they score its span, not its basis: an
+    invertible linear map of the input only rotates what they see, and both probes (ridge on all weights; SGD
+    from zero weights with L2 decay) are equivariant under rotations. whitened=False: per-feature
+    standardization (the former protocol, basis-dependent; kept to show the difference)."""
     if probe not in ("sgd", "closed_form"):
         raise ValueError(f"probe={probe!r} is unknown; allowed: sgd, closed_form")
     squeeze = train_x.ndim == 2
     if squeeze:
         train_x, test_x = train_x[None], test_x[None]
-    train_x, test_x = _standardize(train_x.to(F32), test_x.to(F32))
+    train_x, test_x = (whiten if whitened else _standardize)(train_x, test_x)
     classes = int(max(train_y.max(), test_y.max())) + 1
     reps, n, k = train_x.shape
     xb = torch.cat([train_x, torch.ones(reps, n, 1)], -1)  # bias column
@@ -103,10 +132,10 @@ def paired_difference(first: torch.Tensor, second: torch.Tensor, draws: int = 10
     }
 
 
-def _row_blocks(x: torch.Tensor, block: int = 65536):
-    """float64 copies of `block` rows at a time (never the whole matrix in float64)."""
-    for s in range(0, len(x), block):
-        yield x[s : s + block].to(torch.float64)
+def _row_blocks(x: torch.Tensor, block: int = 65536, axis: int = 0):
+    """float64 copies of `block` rows (along `axis`) at a time (never the whole matrix in float64)."""
+    for s in range(0, x.shape[axis], block):
+        yield x.narrow(axis, s, min(block, x.shape[axis] - s)).to(torch.float64)
 
 
 def fit_pca(train: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
