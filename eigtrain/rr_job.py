@@ -28,7 +28,6 @@ import torch
 from . import dist as edist
 from . import embedding_files
 from .cli import compose_dataclass
-from .data.augment import PRESETS
 from .export import check_export_target, file_sha256, files_sha256, rr_manifest, save_export
 from .rayleigh_ritz import MODES, TRIVIAL, RRAccumulator, centered, solve
 from .redact import redact_url
@@ -131,6 +130,8 @@ class RRJobConfig:
                     "encoder= with data.shards needs data.image_size (every image is brought to it before "
                     "the views are cut; e.g. data.image_size=224)"
                 )
+            from .data.augment import PRESETS  # image data only: embedding files never load the image stack
+
             if self.data.augment not in PRESETS:
                 raise ValueError(f"data.augment={self.data.augment!r} is unknown; allowed: {', '.join(PRESETS)}")
             if self.mode == "svd":
