@@ -32,6 +32,7 @@ import torch
 
 MODES = ("generalized", "paper-rq", "paper-vicreg", "paper-lora", "svd")
 TRIVIAL = ("exclude", "keep")
+FOLDS_BYTES = 8 << 30  # the most the folds' float64 co-moments may hold
 IN_SPAN_TOL = 1e-6  # mean-square residual below which the span counts as holding the constant
 F64 = torch.float64
 
@@ -58,7 +59,9 @@ class RRAccumulator:
         # folds: the statistics of `folds` disjoint parts of the rows (rr_prefixes.cut_errors, one encoder only);
         # every update then says each row's fold, by something that does not depend on the ranks. Rows go into
         # their fold only; the whole is their exact merge, made when it is read (`_sync`): one merge per row.
+        # their co-moments take at most FOLDS_BYTES: d = 8,192 keeps 5 folds (1.5 GiB each), d <= 4,096 keeps 8
         keep = folds > 1 and not pairs
+        folds = min(folds, max(2, FOLDS_BYTES // (24 * dim * self.dim_right)))
         self.folds = tuple(RRAccumulator(dim, pairs, dim_right, device) for _ in range(folds)) if keep else None
         self._stale = False
 

@@ -79,7 +79,9 @@ class RRJobConfig:
     center: bool = False
     ridge: float = 0.0  # > 0: regularize the Gram (a departure from the exact solve; the exact spectrum rides along)
     rank_rtol: float = 1e-10  # the numerical range: Gram eigenvalues above rank_rtol * the largest
-    folds: int = 8  # keep the moments of this many disjoint folds too: which cuts the data determine (0: off)
+    folds: int = (
+        8  # keep the moments of this many disjoint folds: which cuts the data determine (0: off; fewer at d > 4,096)
+    )
     ties: str = "eigenvalue"  # variance: reorder each undetermined group by variance (a departure from RR's order)
     split: str = "train"
     batch_size: int = 512
@@ -145,11 +147,13 @@ def parse_args(argv: list[str]) -> RRJobConfig:
     return compose_dataclass(RRJobConfig, argv).validate()
 
 
-def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, block: int = 65536, folds: int = 0):
+def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, block: int | None = None, folds: int = 0):
     """Accumulate this rank's contiguous share of the rows of stored pairs z1, z2 (an npz, a safetensors file or
-    a directory of chunks, streamed); returns (acc, total rows). folds: also per fold (the global row mod folds)."""
+    a directory of chunks, streamed); returns (acc, total rows). folds: also per fold (the global row mod folds).
+    block: rows read at a time (default: 256 MiB of float64 per view, at most 65,536 rows)."""
     chunks = embedding_files.open_chunks(path)
     d1, d2 = embedding_files.widths(chunks)
+    block = block or max(256, min(65536, (1 << 25) // max(d1, d2)))
     if not pairs and d1 != d2:
         raise ValueError(
             f"{path}: z1 and z2 have widths {d1} and {d2}; one-encoder modes need equal widths, use mode=svd for two encoders"
