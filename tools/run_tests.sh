@@ -7,4 +7,5 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
+if command -v apt-get >/dev/null; then bash tools/slurm_local.sh install; fi  # scontrol before the tests that use it
 exec .venv/bin/python -m pytest -q --durations=15 "$@"

@@ -3,6 +3,7 @@
 #
 #   tools/slurm_local.sh start [DIR]   install if needed, start munged/slurmctld/slurmd; prints SLURM_CONF
 #   tools/slurm_local.sh stop  [DIR]   stop the daemons this script started from DIR
+#   tools/slurm_local.sh install       only install the Debian packages (before a test run: no test skips for want of scontrol)
 #
 # DIR (default /tmp/eigtrain-slurm) holds slurm.conf, state, spool, logs and pid files.
 # Idempotent: `start` on a running cluster only prints its SLURM_CONF. Use it with
@@ -143,5 +144,6 @@ stop() {
 case "$cmd" in
   start) start ;;
   stop) stop ;;
-  *) echo "usage: $0 start|stop [DIR]" >&2; exit 2 ;;
+  install) install_packages ;;
+  *) echo "usage: $0 start|stop|install [DIR]" >&2; exit 2 ;;
 esac
