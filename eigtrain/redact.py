@@ -59,7 +59,7 @@ def redact_url(text: str) -> str:
         out = _HEADER.sub(_mask_header, out)
         out = _ASSIGNMENT.sub(lambda m: _mask(m, m[0][len(m["name"]) :]), out)
         out = _OPTION.sub(lambda m: _mask(m, m["value"]), out)
-    for secret in _remembered:
+    for secret in tuple(_remembered):  # a copy: another thread (a log filter) may add one meanwhile
         out = out.replace(secret, MASK)
     return out
 
@@ -67,8 +67,10 @@ def redact_url(text: str) -> str:
 def _mask(match: re.Match, value: str) -> str:
     """The match with its value masked (a quoted value keeps its quotes); the value remembered."""
     bare = value.strip().strip("'\"")
-    if len(bare) >= _MIN_REMEMBERED and bare != MASK:
-        _remembered.add(bare)
+    # the value, and the secret inside it: `Bearer T` -> T, `user:password` -> password
+    for part in {bare, bare.split()[-1] if bare.split() else "", bare.rpartition(":")[2]}:
+        if len(part) >= _MIN_REMEMBERED and MASK not in part:
+            _remembered.add(part)
     quote = value[0] if value[:1] in "'\"" and len(value) > 1 and value[-1] == value[0] else ""
     return f"{match['name']}{quote}{MASK}{quote}"
 

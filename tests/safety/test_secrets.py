@@ -283,8 +283,9 @@ def test_a_pipe_command_without_credentials_is_unchanged(command):
 
 
 def test_a_credential_masked_once_is_masked_in_any_later_message():
-    redact_url(f"pipe:curl -H 'Api-Key: {TOKEN}x' https://h/x.tar")
-    assert TOKEN not in redact_url(f"curl: (22) header {TOKEN}x refused: https://h/x.tar")
+    redact_url(f"pipe:curl -H 'Authorization: Bearer {TOKEN}x' -u me:{TOKEN}y https://h/x.tar")
+    assert TOKEN not in redact_url(f"curl: (22) token {TOKEN}x refused: https://h/x.tar")
+    assert TOKEN not in redact_url(f"curl: (67) password {TOKEN}y refused: https://h/x.tar")
 
 
 def test_a_pipe_command_with_credentials_leaves_them_in_no_file_of_a_run(tmp_path):

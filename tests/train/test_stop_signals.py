@@ -2,6 +2,7 @@
 boundary and leaves with one line naming the signal, the step and the checkpoint (exit status 128 + the signal's
 number, as a shell reports a signal), no traceback; the same command then resumes from that checkpoint."""
 
+import os
 import re
 import signal
 import subprocess
@@ -24,10 +25,13 @@ def _started_steps(run_dir, proc, timeout_s=120.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_signal_saves_at_the_step_boundary_and_leaves_with_one_line(digits_root, tmp_path, signum):
+    """SIGTERM to the trainer alone (as `kill` or a scheduler sends it); SIGINT to its whole process group, data
+    workers included, as a terminal's Ctrl-C does."""
     run_dir = tmp_path / "run"
-    args = overrides(run_dir, digits_root, "steps=100000", "checkpoint_every=100000", "data.num_workers=0")
+    workers = 0 if signum == signal.SIGTERM else 2
+    args = overrides(run_dir, digits_root, "steps=100000", "checkpoint_every=100000", f"data.num_workers={workers}")
     proc = subprocess.Popen(
         [sys.executable, "-m", "eigtrain.train", *args],
         cwd=tmp_path,
@@ -35,9 +39,13 @@ def test_a_stop_signal_saves_at_the_step_boundary_and_leaves_with_one_line(digit
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its own process group: the test's Ctrl-C reaches the trainer and its workers only
     )
     _started_steps(run_dir, proc)
-    proc.send_signal(signum)
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
@@ -50,7 +58,7 @@ def test_a_stop_signal_saves_at_the_step_boundary_and_leaves_with_one_line(digit
     if signum != signal.SIGTERM:
         return  # resuming is the same after either signal: checked once
     again = subprocess.run(  # the same command, shorter: resumes from the saved step
-        [sys.executable, "-m", "eigtrain.train", *args[:-3], f"steps={step + 1}", "data.num_workers=0"],
+        [sys.executable, "-m", "eigtrain.train", *args[:-3], f"steps={step + 1}", f"data.num_workers={workers}"],
         cwd=tmp_path,
         env=clean_env(),
         capture_output=True,
