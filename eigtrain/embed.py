@@ -23,7 +23,7 @@ from .export import file_sha256, files_sha256
 from .models.encoder import PairEncoder
 from .rayleigh_ritz import RRAccumulator
 from .redact import saved_value_usable
-from .run_step import announce
+from .run_step import weights_record
 from .saved_config import load_saved_config
 from .schema import typed_option
 
@@ -240,7 +240,7 @@ def reduce_encoder(cfg, env, pairs: bool, device):
     """The eigtrain-rr path for a run directory or checkpoint (see eigtrain.rr_job)."""
     run = open_run(cfg.run_dir, cfg.checkpoint, device, data=command_line_data(cfg.data))
     data_source = check_split(run, cfg.split)
-    used = announce("eigtrain-rr", run) if env.rank == 0 else {}  # which step: an unfinished run's says so
+    used = weights_record(run)  # which step: eigtrain-rr prints it, the manifest records it
     if run.pairs != pairs:
         raise ValueError(
             f"mode={cfg.mode!r} does not fit this run: use mode=svd for a pairs run (two encoders), another mode for views"
@@ -255,8 +255,8 @@ def reduce_encoder(cfg, env, pairs: bool, device):
         "sha256": weights_sha256(Path(run.weights)),
         "data": data_source,
         "input": run.output,
-        "step": used.get("step"),
-        "steps": used.get("steps"),
+        "step": used["step"],
+        "steps": used["steps"],
     }
     return acc, expected, source, run.run_dir / "rr"
 

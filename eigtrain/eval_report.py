@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from .output_dirs import EVAL_ENTRIES, check_output_dir
+from .run_step import describe
 
 
 def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> dict[str, Path]:
@@ -29,7 +30,7 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
         seen = " Embeddings l2-normalized, as the objective saw them." if report.get("input") == "l2_normalized" else ""
         lines += [f"Data: fitted on {report['data']['train']}; scored on {report['data']['test']}.{seen}", ""]
     if report.get("weights"):  # which step each run was scored at (an unfinished run's newest checkpoint)
-        used = [f"{Path(w['run_dir']).name} at step {w['step']} of {w['steps']}" for w in report["weights"]]
+        used = [f"{w['run_dir']} at {describe(w['weights'], w['step'], w['steps'])}" for w in report["weights"]]
         lines += [f"Weights: {'; '.join(used)}.", ""]
     lines.append("| Methods \\ Dims | " + " | ".join(str(k) for k in dims) + " |")
     lines.append("|---|" + "---|" * len(dims))

@@ -35,6 +35,7 @@ from .probes import dims_for
 from .rayleigh_ritz import MODES, TRIVIAL, RRAccumulator, centered, solve
 from .redact import redact_url
 from .rr_prefixes import agreement_curve, order_ties, prefix_reproducibility, tie_groups
+from .run_step import describe
 from .shrinkage import SHRINKAGE
 
 
@@ -289,6 +290,8 @@ def run(cfg: RRJobConfig) -> dict:
             overwrite=cfg.overwrite,
         )  # atomic
         print(json.dumps(summary, indent=1))
+        if source.get("kind") == "checkpoint":  # which step of the run: an unfinished run's checkpoint says so
+            print(f"eigtrain-rr: {source['run_dir']} at {describe(source['path'], source['step'], source['steps'])}")
         print(dimensions_line(result.dims))
         if result.extra.get("shrinkage"):
             print(shrinkage_line(result.extra["shrinkage"], acc.n))

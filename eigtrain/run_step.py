@@ -26,21 +26,19 @@ def weights_step(weights: str | Path) -> int | None:
         return None
 
 
-def step_description(weights: str | Path, steps: int | None) -> str:
-    """'step N of S (the final export)' / 'step N of S (checkpoint DIR; the run has not finished)'."""
-    step, weights = weights_step(weights), Path(weights)
+def describe(weights: str | Path, step: int | None, steps: int | None) -> str:
+    """'step N of S (the final export model.safetensors)' / 'step N of S (checkpoint DIR; the run has not
+    finished)': which weights a command used, for its output."""
+    weights = Path(weights)
     of = f"step {step if step is not None else '?'}" + (f" of {steps}" if steps else "")
-    if weights.is_dir():
+    if weights.is_dir() or _STEP.match(weights.name):
         unfinished = "; the run has not finished" if step is not None and steps and step < steps else ""
         return f"{of} (checkpoint {weights}{unfinished})"
     return f"{of} (the final export {weights.name})"
 
 
-def announce(command: str, run) -> dict:
-    """Print which step of `run` (an `eigtrain.embed.TrainedRun`) `command` uses, one line on stderr; the record of it
-    for a manifest or report: run_dir, weights, step, steps."""
-    import sys
-
+def weights_record(run) -> dict:
+    """Which step of `run` (an `eigtrain.embed.TrainedRun`) a command uses, for its manifest or report: run_dir,
+    weights, step, steps (the run's configured total)."""
     steps = run.cfg.get("steps")
-    print(f"{command}: {run.run_dir}: {step_description(run.weights, steps)}", file=sys.stderr, flush=True)
     return {"run_dir": str(run.run_dir), "weights": str(run.weights), "step": weights_step(run.weights), "steps": steps}

@@ -46,6 +46,7 @@ def _killed_write(killed, root):
     shutil.copytree(killed, root)
 
 
+@pytest.mark.slow  # a trainer after a real SIGKILL
 def test_a_killed_demo_data_write_is_written_again_by_the_trainer(killed, tmp_path):
     from eigtrain.train import main
 

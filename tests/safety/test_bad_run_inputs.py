@@ -49,10 +49,11 @@ def run_copy(unfinished, tmp_path):
 
 
 def _command(main, argv) -> tuple[int, str]:
+    """Exit code, and stderr (a failure's one line) or, on success, stdout."""
     err, out = io.StringIO(), io.StringIO()
     with redirect_stderr(err), redirect_stdout(out):
         code = main(argv)
-    return code, err.getvalue()
+    return code, err.getvalue() if code else out.getvalue()
 
 
 def rr(*argv):
@@ -74,19 +75,17 @@ def _one_line(err: str) -> str:
 
 
 def test_rr_and_eval_of_an_unfinished_run_say_and_record_the_step(run_copy):
-    code, err = rr(f"run_dir={run_copy}")
-    assert code == 0, err[-3000:]
-    said = rf"{re.escape(str(run_copy))}: step 2 of 4 \(checkpoint .*step-2; the run has not finished\)"
-    assert re.search(rf"^eigtrain-rr: {said}$", err, re.M), err
+    said = rf"{re.escape(str(run_copy))} at step 2 of 4 \(checkpoint .*step-2; the run has not finished\)"
+    code, out = rr(f"run_dir={run_copy}")
+    assert code == 0 and re.search(rf"^eigtrain-rr: {said}$", out, re.M), out[-3000:]
     source = json.loads((run_copy / "rr" / "manifest.json").read_text())["source"]
     assert (source["step"], source["steps"]) == (2, 4)
 
-    code, err = evaluate(f"run_dir={run_copy}", "dims=[2,4]")
-    assert code == 0, err[-3000:]
-    assert re.search(rf"^eigtrain-eval: {said}$", err, re.M), err
+    code, out = evaluate(f"run_dir={run_copy}", "dims=[2,4]")
+    assert code == 0 and re.search(rf"^Weights: {said}\.$", out, re.M), out[-3000:]  # the table it prints
     report = json.loads((run_copy / "eval" / "report.json").read_text())
     assert [(w["step"], w["steps"]) for w in report["weights"]] == [(2, 4)]
-    assert "at step 2 of 4" in (run_copy / "eval" / "table.md").read_text()
+    assert re.search(rf"^Weights: {said}\.$", (run_copy / "eval" / "table.md").read_text(), re.M)
 
 
 def test_eval_with_fixed_feature_runs_at_none_of_the_dims_writes_its_report(run_copy, tmp_path):

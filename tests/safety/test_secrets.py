@@ -288,6 +288,7 @@ def test_a_credential_masked_once_is_masked_in_any_later_message():
     assert TOKEN not in redact_url(f"curl: (67) password {TOKEN}y refused: https://h/x.tar")
 
 
+@pytest.mark.slow
 def test_a_pipe_command_with_credentials_leaves_them_in_no_file_of_a_run(tmp_path):
     """The command runs with its token (it checks it) and every file of the run, the count cache included, lacks it."""
     from tests.support.foreign_shards import write_class_ordered

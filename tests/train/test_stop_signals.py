@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.runs import clean_env, overrides
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # real trainer subprocesses
 
 
 def _started_steps(run_dir, proc, timeout_s=120.0) -> None:
