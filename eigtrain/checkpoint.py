@@ -288,13 +288,13 @@ def load_encoder(run_dir: Path, step_path: Path | None = None) -> torch.nn.Modul
     """The trained encoder of a run (eval mode): architecture from ``run_dir/config.yaml`` and
     ``run_dir/model.json`` (input shapes), weights from ``run_dir/model.safetensors`` or, if given,
     a checkpoint directory."""
-    from omegaconf import OmegaConf
     from safetensors.torch import load_file
 
     from eigtrain.models import build_encoder
+    from eigtrain.saved_config import load_saved_config
 
     run_dir = Path(run_dir)
-    cfg = OmegaConf.load(run_dir / "config.yaml")
+    cfg = load_saved_config(run_dir / "config.yaml")
     shapes = json.loads((run_dir / MODEL_INFO_NAME).read_text())
     model = build_encoder(cfg.model, cfg.dim, shapes["input_shape"], shapes["context_shape"])
     if step_path is None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 from torch.nn import functional as F
 
@@ -23,6 +23,8 @@ from .export import file_sha256, files_sha256
 from .models.encoder import PairEncoder
 from .rayleigh_ritz import RRAccumulator
 from .redact import saved_value_usable
+from .run_step import weights_record
+from .saved_config import load_saved_config
 from .schema import typed_option
 
 
@@ -88,7 +90,7 @@ def open_run(
         step = None if (run / EXPORT_NAME).exists() else latest_checkpoint(run / "checkpoints")
         if step is None and not (run / EXPORT_NAME).exists():
             raise FileNotFoundError(f"{run} has neither {EXPORT_NAME} nor a complete checkpoint")
-    cfg = OmegaConf.load(run / "config.yaml")
+    cfg = load_saved_config(run / "config.yaml")  # plain YAML only: one line for a tag, never run
     encoder, output = objective_view(load_encoder(run, step).to(device), cfg)
     given = {k: v for k, v in (data or {}).items() if k in SOURCE_KEYS and v is not None}
     if given.get("val_shards") is not None and not (given.get("shards") or cfg.data.shards):
@@ -152,7 +154,7 @@ def _stream(
 def sample_generators(keys: list[str], seed: int) -> list[torch.Generator]:
     """The augmentation RNG of each sample, a function of (seed, its key) only: its views are the same whatever
     batch, worker or rank reads it (any num_workers, batch_size or world size gives the same moments)."""
-    digests = (hashlib.sha256(f"{seed}\n{key}".encode()).digest() for key in keys)
+    digests = (hashlib.sha256(f"{seed}\n{key}".encode(errors="surrogateescape")).digest() for key in keys)
     return [torch.Generator().manual_seed(int.from_bytes(d[:8], "little") >> 1) for d in digests]
 
 
@@ -164,9 +166,9 @@ def autocast(device) -> torch.autocast:
 
 def key_folds(keys: list[str], folds: int) -> torch.Tensor:
     """Each sample's fold for rr_prefixes.cut_errors: its key's hash mod folds, so the folds are the same whatever
-    the ranks and workers."""
-    folds = max(folds, 1)
-    return torch.tensor([int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % folds for key in keys])
+    the ranks and workers (a key that is not UTF-8 -- tar names are bytes -- hashes as its own bytes)."""
+    digest = lambda key: hashlib.sha256(key.encode(errors="surrogateescape")).digest()  # noqa: E731
+    return torch.tensor([int.from_bytes(digest(key)[:8], "big") % max(folds, 1) for key in keys])
 
 
 @torch.no_grad()
@@ -237,6 +239,7 @@ def reduce_encoder(cfg, env, pairs: bool, device):
     """The eigtrain-rr path for a run directory or checkpoint (see eigtrain.rr_job)."""
     run = open_run(cfg.run_dir, cfg.checkpoint, device, data=command_line_data(cfg.data))
     data_source = check_split(run, cfg.split)
+    used = weights_record(run)  # which step: eigtrain-rr prints it, the manifest records it
     if run.pairs != pairs:
         raise ValueError(
             f"mode={cfg.mode!r} does not fit this run: use mode=svd for a pairs run (two encoders), another mode for views"
@@ -251,6 +254,8 @@ def reduce_encoder(cfg, env, pairs: bool, device):
         "sha256": weights_sha256(Path(run.weights)),
         "data": data_source,
         "input": run.output,
+        "step": used["step"],
+        "steps": used["steps"],
     }
     return acc, expected, source, run.run_dir / "rr"
 

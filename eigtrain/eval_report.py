@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from .output_dirs import EVAL_ENTRIES, check_output_dir
+from .run_step import describe
 
 
 def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> dict[str, Path]:
@@ -16,6 +17,8 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     out = Path(out_dir)
     check_output_dir(out, EVAL_ENTRIES, "out")
     out.mkdir(parents=True, exist_ok=True)
+    json_path = out / "report.json"  # the numbers first: a report that fails to render loses none of the work
+    json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     dims, acc = report["dims"], report["accuracy"]
     probe_note = (
         "linear probe, SGD 50 epochs"
@@ -28,6 +31,9 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     if report.get("data"):
         seen = " Embeddings l2-normalized, as the objective saw them." if report.get("input") == "l2_normalized" else ""
         lines += [f"Data: fitted on {report['data']['train']}; scored on {report['data']['test']}.{seen}", ""]
+    if report.get("weights"):  # which step each run was scored at (an unfinished run's newest checkpoint)
+        used = [f"{w['run_dir']} at {describe(w['weights'], w['step'], w['steps'])}" for w in report["weights"]]
+        lines += [f"Weights: {'; '.join(used)}.", ""]
     lines.append("| Methods \\ Dims | " + " | ".join(str(k) for k in dims) + " |")
     lines.append("|---|" + "---|" * len(dims))
     for method, row in acc.items():
@@ -60,7 +66,6 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
         writer.writerow(["method", *dims])
         for method, row in _extra_rows(report, acc):
             writer.writerow([method, *[row.get(k, "") for k in dims]])
-    paths["json"].write_text(json.dumps(report, indent=2, default=str) + "\n")
     _plot(report, paths["plot"], title)
     if "retrieval" in report:
         paths["retrieval_plot"] = out / "retrieval_vs_dim.png"
@@ -99,7 +104,7 @@ def _extra_rows(report: dict, acc: dict):
 
 def _paired_lines(report: dict) -> list[str]:
     """Differences between methods on the same test samples, each with its 95 % bootstrap interval."""
-    paired = report.get("paired")
+    paired = {name: row for name, row in report.get("paired", {}).items() if row}  # e.g. FF at none of the dims
     if not paired:
         return []
     dims = report["dims"]

@@ -43,6 +43,7 @@ from .probes import (
     spectrum_report,
 )
 from .redact import redact_url
+from .run_step import weights_record
 
 PAIRED = (("RR", "PCA"), (RR_PAPER, "PCA"), ("JN", "PCA"), ("FF", "PCA"), ("RR", RR_PAPER))  # the differences reported
 
@@ -293,6 +294,7 @@ def evaluate(cfg) -> tuple[dict, dict]:
     )
     report["data"] = sources  # which data each split came from (URLs without credentials)
     report["input"] = run.output if cfg.run_dir else "features"  # embeddings as the objective saw them, or a file's
+    report["weights"] = [weights_record(r) for r in runs] if cfg.run_dir else []  # which step each run was scored at
     if "rr" in train:  # the k the export's spectrum suggests, beside the k the probes measured
         report["spectrum"] = spectrum_report(head.eigenvalues, dims, report["smallest_k"].get("RR", {}))
         manifest = json.loads((Path(rr_dir) / MANIFEST).read_text())

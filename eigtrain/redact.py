@@ -1,5 +1,7 @@
 """Credentials out of everything eigtrain writes or logs: URLs keep their scheme, host and path (so shards can
-still be told apart) but lose userinfo (`https://user:pass@host`) and query values (`?X-Amz-Signature=...`).
+still be told apart) but lose userinfo (`https://user:pass@host`) and query values (`?X-Amz-Signature=...`);
+`pipe:` commands lose every value whose name is auth-like (a rule on the name, not a list of tools: headers such as
+`PRIVATE-TOKEN:`, options such as `--oauth2-bearer`, `-o Credentials:...=`, `NAME=value`) and `-u user:password`.
 
 The live config keeps the real values (the run needs them); only what is persisted or printed is redacted:
 config.yaml, wandb's config and recorded command line, the shard-count cache, wids shard indexes, sweep directory
@@ -24,34 +26,61 @@ _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s'\"@]*(?
 # a component without '=' (?token) entirely; punctuation ending a sentence (`URL: ...`) stays
 _QUERY_PART = re.compile(r"(?P<sep>[?&;])(?P<key>[^=&;#{},?]*=)?[^&;#{},]*?(?=[&;#{},]|[:.)]*$)")
 _WORD = re.compile(r"[^\s'\"]+")
-# pipe: commands: credentials passed as headers or environment variables
-_HEADER = re.compile(
-    r"(?P<name>\b(?:Authorization|Proxy-Authorization|Cookie|X-[A-Za-z-]*(?:Token|Key|Auth)[A-Za-z-]*)"
-    r"\s*:\s*)[^'\"\n]+",
+# pipe: commands: a credential is found by its NAME, not by the tool that takes it. A name is auth-like when it holds
+# one of these words (a header `PRIVATE-TOKEN:`, an option `--oauth2-bearer`, an assignment `refresh_token=`)
+_AUTH = r"(?:token|auth|key|secret|passw(?:or)?d|pass|credential|bearer|session|cookie|signature|sig|private)"
+_NAME = r"[A-Za-z0-9_.-]*" + _AUTH + r"[A-Za-z0-9_.-]*"
+_VALUE = r"(?:'[^']*'|\"[^\"]*\"|[^\s'\"]+)"
+# `Name: value` (a header; `Credentials:...` of `gsutil -o`): inside quotes up to the quote's end, else one word
+_HEADER = re.compile(r"(?P<pre>^|[\s'\"=])(?P<name>" + _NAME + r"\s*:\s*)(?!//)(?P<rest>[^'\"\n]+)", re.IGNORECASE)
+# NAME=value: environment variables, `-o section:name=value` options, `key=value` arguments
+_ASSIGNMENT = re.compile(r"(?<![A-Za-z0-9_.:-])(?P<name>[A-Za-z0-9_.:-]*" + _AUTH + r"[A-Za-z0-9_.-]*=)" + _VALUE, re.I)
+# --auth-like-option value / =value; -u/--user user:password (curl, wget); after a flag (`--anyauth`, `--no-auth`)
+# the next option or a URL is not its value
+_OPTION = re.compile(
+    r"(?<!\S)(?P<name>(?:--?" + _NAME + r"|-u|--user|--proxy-user|--http-user|--ftp-user)(?:=|\s+))"
+    r"(?!-|[^\s'\"]*://|" + MASK + r")(?P<value>" + _VALUE + r")",
     re.IGNORECASE,
 )
-_SECRET_ASSIGNMENT = re.compile(
-    r"(?P<name>\b[A-Za-z_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIALS?)"
-    r"[A-Za-z_0-9]*=)[^\s'\"]+",
-    re.IGNORECASE,
-)
-_USER_OPTION = re.compile(r"(?P<name>(?<!\S)(?:-u|--user|--password|--proxy-user)(?:\s+|=))[^\s'\"]+")  # curl/wget
+_remembered: set[str] = set()  # values masked in this process: masked wherever they appear again (error messages)
+_MIN_REMEMBERED = 6
 
 
 def redact_url(text: str) -> str:
     """`text` (a URL, a brace pattern, a `pipe:` command, or a message naming URLs) without credentials:
-    userinfo and query values become REDACTED; in a `pipe:` command also authorization headers,
-    TOKEN/SECRET/PASSWORD/KEY=... assignments and `-u`/`--user`/`--password` values. Text without a URL is
-    returned unchanged."""
+    userinfo and query values become REDACTED; in a `pipe:` command also every value whose name is auth-like
+    (headers, options, NAME=value; see `_AUTH`) and `-u`/`--user` values; and anywhere, a value masked before
+    in this process. Text without a URL is returned unchanged."""
     if not isinstance(text, str) or ":" not in text:
         return text
     out = _USERINFO.sub(lambda m: f"{m['scheme']}{MASK}@", text)
     out = _WORD.sub(lambda m: _redact_query(m[0]) if "://" in m[0] or "file:" in m[0] else m[0], out)
     if "pipe:" in out:
-        out = _HEADER.sub(lambda m: f"{m['name']}{MASK}", out)
-        out = _SECRET_ASSIGNMENT.sub(lambda m: f"{m['name']}{MASK}", out)
-        out = _USER_OPTION.sub(lambda m: f"{m['name']}{MASK}", out)
+        out = _HEADER.sub(_mask_header, out)
+        out = _ASSIGNMENT.sub(lambda m: _mask(m, m[0][len(m["name"]) :]), out)
+        out = _OPTION.sub(lambda m: _mask(m, m["value"]), out)
+    for secret in tuple(_remembered):  # a copy: another thread (a log filter) may add one meanwhile
+        out = out.replace(secret, MASK)
     return out
+
+
+def _mask(match: re.Match, value: str) -> str:
+    """The match with its value masked (a quoted value keeps its quotes); the value remembered."""
+    bare = value.strip().strip("'\"")
+    # the value, and the secret inside it: `Bearer T` -> T, `user:password` -> password
+    for part in {bare, bare.split()[-1] if bare.split() else "", bare.rpartition(":")[2]}:
+        if len(part) >= _MIN_REMEMBERED and MASK not in part:
+            _remembered.add(part)
+    quote = value[0] if value[:1] in "'\"" and len(value) > 1 and value[-1] == value[0] else ""
+    return f"{match['name']}{quote}{MASK}{quote}"
+
+
+def _mask_header(m: re.Match) -> str:
+    """A header's value: inside quotes all of it; unquoted (`Credentials:name=value`) its first word only."""
+    if m["pre"] in ("'", '"'):
+        return m["pre"] + _mask(m, m["rest"])
+    value = m["rest"].split(None, 1)[0]
+    return m["pre"] + _mask(m, value) + m["rest"][len(value) :]
 
 
 def _redact_query(url: str) -> str:

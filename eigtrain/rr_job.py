@@ -32,6 +32,7 @@ from .export import check_export_target, file_sha256, files_sha256, rr_manifest,
 from .rayleigh_ritz import MODES, TRIVIAL, RRAccumulator, centered, solve
 from .redact import redact_url
 from .rr_prefixes import cut_errors, cuts_report, order_ties, tie_groups, undetermined_cuts
+from .run_step import describe
 
 TIES = ("eigenvalue", "variance")  # inside an undetermined group: eigenvalue order, or (a departure) variance order
 
@@ -306,6 +307,8 @@ def run(cfg: RRJobConfig) -> dict:
         )  # atomic
         shown = ", ".join(f"{v:.4f}" for v in summary["eigenvalues"][:8])
         print(f"eigtrain-rr: {acc.n} samples, mode {cfg.mode}; eigenvalues {shown}{' ...' if width > 8 else ''}")
+        if source.get("kind") == "checkpoint":  # which step of the run: an unfinished run's checkpoint says so
+            print(f"eigtrain-rr: {source['run_dir']} at {describe(source['path'], source['step'], source['steps'])}")
         print(dimensions_line(result.dims))
         if cfg.ridge > 0:
             print(

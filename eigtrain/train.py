@@ -293,7 +293,13 @@ def _hydra_main(cfg: DictConfig) -> None:
         redact_yaml_file(Path(HydraConfig.get().sweep.dir) / "multirun.yaml")
     try:
         validate(cfg, world_size=_job_world_size(cfg))
-        launch(cfg.launcher, run, cfg)
+        if cfg.launcher.name != "local":  # Slurm: launcher.save_on_signal decides (launch/slurm.py)
+            launch(cfg.launcher, run, cfg)
+        else:  # here or under torchrun: SIGTERM / SIGINT save at the next step boundary, as under Slurm
+            with dist.stop_at_step_boundary():
+                result = launch(cfg.launcher, run, cfg)
+            if result.get("stopped_on_signal"):
+                dist.leave_after_stop("eigtrain-train", result["step"], result["checkpoint"])
     except ConfigError as exn:
         raise SystemExit(f"eigtrain-train: config error: {exn}") from None
     except CorruptDataError as exn:  # past data.max_corrupt: one line naming the count and the last sample

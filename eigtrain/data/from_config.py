@@ -172,6 +172,12 @@ def prepare_data(data, rank: int, cache_dir: Path | None = None, barrier: Callab
 
 
 def _write_demo(data, root: Path) -> None:
+    from . import write_marker
+
+    try:
+        write_marker.clear_interrupted(root)  # eigtrain's own write, killed midway: written again
+    except FileExistsError as exn:  # its writer may still run, or a file of someone else's lies beside it
+        raise DataConfigError(f"data.root={root}: {exn}") from None
     if root.exists() and any(root.iterdir()):
         raise DataConfigError(
             f"data.root={root} has files but no {INDEX_NAME}: data.write_if_missing={data.write_if_missing} only writes "

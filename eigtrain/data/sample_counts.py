@@ -18,11 +18,12 @@ import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urljoin, urlparse
-from urllib.request import Request, urlopen
+from urllib.request import urlopen
 
 from ..redact import redact_url
 from .bounded_io import call_within
 from .shards import DEFAULT_TIMEOUT_S, FSSPEC_SCHEMES, ShardError, count_samples, local_path, open_url, scheme
+from .url_auth import http_request
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ def shard_version(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> list | None
     kind = scheme(url)
     try:
         if kind in ("http", "https"):
-            with urlopen(Request(url, method="HEAD"), timeout=timeout_s) as answer:
+            with urlopen(http_request(url, method="HEAD"), timeout=timeout_s) as answer:
                 found = [answer.headers.get(h) for h in ("ETag", "Last-Modified", "Content-Length")]
         elif kind in FSSPEC_SCHEMES:
             found = _object_version(call_within(lambda: _object_info(url), timeout_s, url))

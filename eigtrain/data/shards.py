@@ -32,6 +32,7 @@ from webdataset.gopen import gopen_schemes
 
 from ..redact import redact_url
 from .bounded_io import bounded, call_within, open_pipe
+from .url_auth import http_request
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def _open_remote(url: str, timeout_s: float):
     kind = scheme(url)
     try:
         if kind in ("http", "https"):
-            return urlopen(url, timeout=timeout_s)  # the socket timeout bounds the connection and every read
+            return urlopen(http_request(url), timeout=timeout_s)  # the socket timeout bounds connection and reads
         if kind == "pipe":
             return open_pipe(url, timeout_s)
         if kind in FSSPEC_SCHEMES:

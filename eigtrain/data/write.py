@@ -29,6 +29,7 @@ from typing import Iterable, Mapping
 import webdataset as wds
 
 from ..cli import compose_dataclass
+from . import write_marker
 from .index import INDEX_NAME, ShardIndex, read_index, write_index
 from .sources import Source, cifar10_source, digits_source, imagefolder_source, npz_source
 
@@ -52,6 +53,8 @@ def write_shards(
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     out = Path(out)
+    if not (out / INDEX_NAME).exists():
+        write_marker.clear_interrupted(out)  # an earlier write of eigtrain's that was killed: written again
     if (out / INDEX_NAME).exists():
         if not overwrite:
             raise FileExistsError(f"{out / INDEX_NAME} already exists; pass overwrite=true to replace the shards")
@@ -67,6 +70,7 @@ def write_shards(
             f"(nothing was changed there); choose a new or empty directory"
         )
     out.mkdir(parents=True, exist_ok=True)
+    write_marker.begin(out)  # first: until the index is written, the directory is eigtrain's write in progress
 
     split_of_key: dict[str, str] = {}
     counts: dict[str, dict[str, int]] = {}
@@ -97,6 +101,7 @@ def write_shards(
     meta = dict(meta or {})
     meta.setdefault("labels", all_labeled and bool(split_of_key))
     write_index(out, counts, meta)
+    write_marker.finish(out)
     return read_index(out)
 
 

@@ -19,12 +19,22 @@ from .group import (
     is_rank_zero,
     select_device,
 )
-from .signals import _StopState, install_stop_handler, requeue_requested, stop_requested, stopped
+from .signals import (
+    _StopState,
+    install_stop_handler,
+    leave_after_stop,
+    requeue_requested,
+    stop_at_step_boundary,
+    stop_requested,
+    stop_signal,
+    stopped,
+)
 from .slurm_nodes import expand_nodelist, expand_tasks_per_node
 
 __all__ = [
     "SINGLE_PROCESS_PORT", "SLURM_PORT_BASE", "SLURM_PORT_SPAN", "DistEnv", "resolve_env", "all_ranks_any",
     "backend_for", "barrier", "broadcast_object", "destroy", "init_distributed", "is_rank_zero", "select_device",
     "install_stop_handler", "requeue_requested", "stop_requested", "stopped", "expand_nodelist",
+    "stop_at_step_boundary", "stop_signal", "leave_after_stop",
     "expand_tasks_per_node",
 ]

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import sys
+import threading
 
 import torch.distributed as dist
 
@@ -16,6 +20,7 @@ class _StopState:
     requeue_signal: int | None = None
     stopped = False  # agreed across ranks by stop_requested()
     requeue = False
+    twice_kills: tuple[int, ...] = ()  # signals that, given a second time, end the process at once
 
 
 def install_stop_handler(requeue_signal: int | None = signal.SIGUSR2,
@@ -28,6 +33,9 @@ def install_stop_handler(requeue_signal: int | None = signal.SIGUSR2,
     """
 
     def on_signal(signum, frame):  # only sets a flag: no I/O, no collective here
+        if signum in _StopState.received and signum in _StopState.twice_kills:  # asked again: leave at once
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
         _StopState.received.add(signum)
 
     _StopState.received, _StopState.stopped, _StopState.requeue = set(), False, False
@@ -60,3 +68,44 @@ def stopped() -> bool:
 def requeue_requested() -> bool:
     """After `stop_requested()` returned True: whether the stop came with a request to requeue."""
     return _StopState.requeue
+
+
+@contextlib.contextmanager
+def stop_at_step_boundary(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
+    """Outside Slurm (the local launcher, torchrun): for the duration, `signals` stop the trainer at the next step
+    boundary, where it saves, as under Slurm; the same signal a second time ends the process at once (an impatient
+    Ctrl-C). The process's own handlers are back afterwards. Only the main thread can install handlers: elsewhere
+    (a test runner's thread) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in signals}
+    install_stop_handler(requeue_signal=None, stop_signals=signals)
+    _StopState.twice_kills = signals
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _StopState.installed, _StopState.twice_kills = False, ()
+
+
+def stop_signal() -> signal.Signals | None:
+    """The stop signal this process received (the lowest-numbered, if several), None if none."""
+    return signal.Signals(min(_StopState.received)) if _StopState.received else None
+
+
+def leave_after_stop(command: str, step: int, checkpoint) -> None:
+    """After a stop signal and the save at the step boundary: one line (rank 0), then the exit status a shell gives a
+    process ended by that signal (128 + its number): not a success, and no traceback."""
+    from .env import resolve_env
+
+    signum = stop_signal() or signal.SIGTERM
+    if resolve_env().rank == 0:
+        print(
+            f"{command}: stopped by {signum.name} at step {step}; saved {checkpoint}; run the same command again "
+            f"to resume",
+            file=sys.stderr,
+            flush=True,
+        )
+    raise SystemExit(128 + signum)

@@ -47,9 +47,7 @@ def test_timm_model_on_foreign_shards_is_ordered_with_unit_gram(foreign_shards, 
     from eigtrain.embed import reduce_external
 
     out = tmp_path / "rr"
-    assert (
-        rr_main(_args(foreign_shards, out, "num_workers=0", "trivial=keep")) == 0
-    )  # the paper's convention: raw span
+    assert rr_main(_args(foreign_shards, out, "num_workers=0", "trivial=keep")) == 0  # the paper's convention: raw span
     tensors = load_file(str(out / "rr.safetensors"))
     values, transform = tensors["eigenvalues"], tensors["transform"]
     manifest = json.loads((out / "manifest.json").read_text())

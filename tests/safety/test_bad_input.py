@@ -245,6 +245,28 @@ def token_url(world):
     return outcome
 
 
+def userinfo_url(world):
+    """http://user:password@host: read with them (it failed to resolve), stored without."""
+    secret = "S3cr3tPassw0rd"
+    outcome = rr(world, f"data.shards={world.server.url('good-{0..1}.tar').replace('://', f'://me:{secret}@')}")
+    written = [p for p in world.tmp.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert outcome.code == 0 and secret not in outcome.message and not written, written
+    return outcome
+
+
+def pipe_with_token(world):
+    """A pipe: command with its credential in a header: the command gets it, no file eigtrain writes holds it."""
+    secret = "S3cr3tT0k3n"
+    client = world.tmp / "client.sh"  # serves the shard only with the right header, as a private store would
+    client.write_text(f'[ "$2" = "PRIVATE-TOKEN: {secret}" ] && exec cat "$3"\n')
+    shards = local(world, "good-{0..1}.tar")
+    outcome = rr(world, f'data.shards=pipe:sh {client} -H "PRIVATE-TOKEN: {secret}" {shards}')
+    written = [p for p in world.tmp.rglob("*") if p.is_file() and p != client and secret.encode() in p.read_bytes()]
+    assert outcome.code == 0 and secret not in outcome.message and not written, written
+    assert "PRIVATE-TOKEN: REDACTED" in (world.tmp / "export" / "manifest.json").read_text()
+    return outcome
+
+
 def out_existing_run_dir(world):
     run = world.user_dir("my-run")
     return rr(world, f"data.shards={local(world, 'good-{0..1}.tar')}", f"out={run}")
@@ -439,6 +461,8 @@ CASES = [  # name, set-up and command, (exit code, regex of the one line eigtrai
     ),
     case("all-bad-shard", all_bad, (2, r"4 unusable samples .*more than max_corrupt=3; the last: shard .*good-1.tar")),
     case("url-with-token", token_url, OK),
+    case("url-with-user-and-password", userinfo_url, OK),
+    case("pipe-command-with-a-token-header", pipe_with_token, OK),
     case("out-an-existing-run-dir", out_existing_run_dir, (2, r"my-run")),
     case("out-read-only", out_read_only, (2, r"(Read-only file system|Permission denied).*ro")),
     case("out-full-disk", out_full_disk, (2, r"No space left on device")),

@@ -239,3 +239,127 @@ def test_eigtrain_rr_errors_carry_no_credential(corrupt_signed_shards, tmp_path,
     )
     err = capsys.readouterr().err
     assert "bad-00000" in err and TOKEN not in err, err
+
+
+# ------------------------------------------------------------------------------- credentials in pipe: commands
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        f"pipe:curl -s --oauth2-bearer {TOKEN} https://h/x.tar",
+        f"pipe:curl -s -H 'PRIVATE-TOKEN: {TOKEN}' https://gitlab/x.tar",
+        f'pipe:curl -s -H "Api-Key: {TOKEN}" https://h/x.tar',
+        f"pipe:wget -qO- --header='X-Session: {TOKEN}' https://h/x.tar",
+        f"pipe:gsutil -o Credentials:gs_oauth2_refresh_token={TOKEN} cat gs://b/x.tar",
+        f"pipe:gsutil -o 'Credentials:gs_oauth2_refresh_token={TOKEN}' cat gs://b/x.tar",
+        f"pipe:curl --anyauth -u me:{TOKEN} https://h/x.tar",
+        f"pipe:curl --user=me:{TOKEN} https://h/x.tar",
+        f"pipe:rclone cat --s3-secret-access-key={TOKEN} s3:b/x.tar",
+        f"pipe:curl -b session_id={TOKEN} https://h/x.tar",
+        f"pipe:curl --cookie 'sid={TOKEN}' https://h/x.tar",
+        f"pipe:AWS_SESSION_TOKEN={TOKEN} aws s3 cp s3://b/x.tar -",
+        f"pipe:mytool --api-key {TOKEN} --sig={TOKEN} get /x.tar",
+        f"pipe:curl 'https://h/x.tar?access_key={TOKEN}&private=1'",
+    ],
+)
+def test_credentials_in_a_pipe_command_are_found_by_their_name_whatever_the_tool(command):
+    redacted = redact_url(command)
+    assert TOKEN not in redacted and MASK in redacted, redacted
+    tail = command.split()[-1 if not command.endswith("-") else -2].strip("'")  # the shard itself stays named
+    assert tail.split("?")[0] in redacted, redacted
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "pipe:curl --anyauth https://auth-server:8080/x.tar",  # a flag: the URL after it is no value
+        "pipe:aws s3 cp s3://my-keys-bucket/x.tar -",
+        "pipe:cat /data/tokens/x.tar",
+    ],
+)
+def test_a_pipe_command_without_credentials_is_unchanged(command):
+    assert redact_url(command) == command
+
+
+def test_a_credential_masked_once_is_masked_in_any_later_message():
+    redact_url(f"pipe:curl -H 'Authorization: Bearer {TOKEN}x' -u me:{TOKEN}y https://h/x.tar")
+    assert TOKEN not in redact_url(f"curl: (22) token {TOKEN}x refused: https://h/x.tar")
+    assert TOKEN not in redact_url(f"curl: (67) password {TOKEN}y refused: https://h/x.tar")
+
+
+@pytest.mark.slow
+def test_a_pipe_command_with_credentials_leaves_them_in_no_file_of_a_run(tmp_path):
+    """The command runs with its token (it checks it) and every file of the run, the count cache included, lacks it."""
+    from tests.support.foreign_shards import write_class_ordered
+
+    store = write_class_ordered(tmp_path / "store", classes=2, per_class=40)
+    check = tmp_path / "fetch.sh"  # a client that serves the shard only with the right header
+    check.write_text(f'[ "$2" = "Api-Key: {TOKEN}" ] && exec cat "$3"\n')
+    command = f'pipe:sh {check} -H "Api-Key: {TOKEN}" {store}/cls-{{000000..000001}}.tar'
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eigtrain.train",
+            "experiment=cpu_debug",
+            f"run_dir={run_dir}",
+            f"data.shards='{command}'",
+            "data.image_size=[8,8]",
+            "data.label_key=cls",
+            "data.num_workers=0",
+            "batch_size=16",
+            "steps=2",
+            "checkpoint_every=1",
+            "logging.wandb.mode=offline",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert list((run_dir / "data").glob("shard-counts-*.json")) and (run_dir / "wandb").is_dir()
+    assert "Api-Key: REDACTED" in (run_dir / "config.yaml").read_text()
+    assert files_holding(run_dir, TOKEN) == [] and TOKEN not in out.stdout + out.stderr
+
+
+# ------------------------------------------------------------------------------- credentials in URLs: usable
+
+
+@pytest.fixture
+def basic_auth_shards(tmp_path):
+    """Shards on 127.0.0.1 behind HTTP basic auth (user `me`, password TOKEN): 401 without them."""
+    import base64
+
+    from tests.support.foreign_shards import QuietHandler, write_class_ordered
+
+    directory = write_class_ordered(tmp_path / "store", classes=2, per_class=3)
+    expected = "Basic " + base64.b64encode(f"me:{TOKEN}".encode()).decode()
+
+    class Guarded(QuietHandler):
+        def do_GET(self):
+            if self.headers.get("Authorization") != expected:
+                self.send_error(401)
+                return
+            super().do_GET()
+
+        do_HEAD = do_GET
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Guarded, directory=str(directory)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://me:{TOKEN}@127.0.0.1:{server.server_address[1]}/cls-{{000000..000001}}.tar"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_url_with_user_and_password_is_read_with_them_and_stored_without(basic_auth_shards, tmp_path):
+    from eigtrain.data.shards import expand_shards
+
+    assert shard_counts(expand_shards(basic_auth_shards), cache_dir=tmp_path / "cache", timeout_s=5) == [3, 3]
+    assert files_holding(tmp_path / "cache", TOKEN) == []
+    with pytest.raises(ShardError) as error:  # the wrong password: refused, and named without it
+        shard_counts([basic_auth_shards.replace(TOKEN, "wrong").replace("{000000..000001}", "000000")], timeout_s=5)
+    assert "HTTP 401" in str(error.value) and "wrong" not in str(error.value)

@@ -1,0 +1,69 @@
+"""SIGTERM and SIGINT outside Slurm (docs/resume.md): a real trainer subprocess on digits saves at the next step
+boundary and leaves with one line naming the signal, the step and the checkpoint (exit status 128 + the signal's
+number, as a shell reports a signal), no traceback; the same command then resumes from that checkpoint."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support.runs import clean_env, overrides
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # real trainer subprocesses
+
+
+def _started_steps(run_dir, proc, timeout_s=120.0) -> None:
+    """Wait until the trainer has logged a step (it is in its loop)."""
+    metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + timeout_s
+    while not (metrics.exists() and metrics.read_text().strip()):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the trainer logged no step"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_saves_at_the_step_boundary_and_leaves_with_one_line(digits_root, tmp_path, signum):
+    """SIGTERM to the trainer alone (as `kill` or a scheduler sends it); SIGINT to its whole process group, data
+    workers included, as a terminal's Ctrl-C does."""
+    run_dir = tmp_path / "run"
+    workers = 0 if signum == signal.SIGTERM else 2
+    args = overrides(run_dir, digits_root, "steps=100000", "checkpoint_every=100000", f"data.num_workers={workers}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eigtrain.train", *args],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the test's Ctrl-C reaches the trainer and its workers only
+    )
+    _started_steps(run_dir, proc)
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    found = re.fullmatch(rf"eigtrain-train: stopped by {signum.name} at step (\d+); saved (\S+); .*", last)
+    assert found, last
+    step, saved = int(found.group(1)), found.group(2)
+    assert saved.endswith(f"step-{step}") and (run_dir / "checkpoints" / f"step-{step}" / "COMPLETE").is_file()
+
+    if signum != signal.SIGTERM:
+        return  # resuming is the same after either signal: checked once
+    again = subprocess.run(  # the same command, shorter: resumes from the saved step
+        [sys.executable, "-m", "eigtrain.train", *args[:-3], f"steps={step + 1}", f"data.num_workers={workers}"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resum" in again.stderr.lower() + again.stdout.lower() and f"step-{step}" in again.stderr + again.stdout
