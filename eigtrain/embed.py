@@ -4,6 +4,7 @@ evaluation. Every sample is read exactly once across ranks and workers (ShardStr
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,12 +15,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.nn import functional as F
 
-from .checkpoint import EXPORT_NAME, latest_checkpoint, load_encoder
+from .checkpoint import EXPORT_NAME, read_encoder
+from .checkpoint_verify import check_step, newest_verified
 from .data import ShardStream, StreamOptions, build_augment, read_index
 from .data.augment import NORMALIZATION
 from .data.from_config import DataConfigError, build_stream, split_shards, split_source, uses_shards
 from .data.pipe_trust import SOURCE_KEYS, check_saved_sources
-from .export import file_sha256, files_sha256
+from .export import file_sha256
 from .models.encoder import PairEncoder
 from .rayleigh_ritz import RRAccumulator
 from .redact import saved_value_usable
@@ -35,6 +37,7 @@ class TrainedRun:
     given: frozenset[str] = frozenset()  # data keys the command line set (its sources are the user's own)
     allow_pipe: bool = False  # data.allow_pipe=true on the command line: saved pipe: sources may run
     output: str = "raw"  # raw | l2_normalized: what `encoder` returns (the export's input)
+    weights_sha256: str | None = None  # of `weights` as loaded (read while the step was pinned against pruning)
 
     @property
     def pairs(self) -> bool:
@@ -81,15 +84,17 @@ def open_run(
         if not step.is_dir():
             raise FileNotFoundError(f"checkpoint directory {step} does not exist")
         run = Path(run_dir) if run_dir else step.parent.parent
+        check_step(step)  # complete, and its files as they were saved: else one line, nothing read
     else:
         run = Path(run_dir)
         if not (run / "config.yaml").exists():
             raise FileNotFoundError(f"{run} is not a training run directory (no config.yaml)")
-        step = None if (run / EXPORT_NAME).exists() else latest_checkpoint(run / "checkpoints")
+        step = None if (run / EXPORT_NAME).exists() else newest_verified(run / "checkpoints")
         if step is None and not (run / EXPORT_NAME).exists():
-            raise FileNotFoundError(f"{run} has neither {EXPORT_NAME} nor a complete checkpoint")
+            raise FileNotFoundError(f"{run} has neither {EXPORT_NAME} nor a complete checkpoint that verifies")
     cfg = OmegaConf.load(run / "config.yaml")
-    encoder, output = objective_view(load_encoder(run, step).to(device), cfg)
+    encoder, weights_hash = read_encoder(run, step)  # the step pinned against pruning meanwhile
+    encoder, output = objective_view(encoder.to(device), cfg)
     given = {k: v for k, v in (data or {}).items() if k in SOURCE_KEYS and v is not None}
     if given.get("val_shards") is not None and not (given.get("shards") or cfg.data.shards):
         raise DataConfigError(
@@ -98,9 +103,8 @@ def open_run(
         )  # it was ignored silently
     for key, value in given.items():
         cfg.data[key] = value
-    return TrainedRun(
-        run, cfg, encoder, step or run / EXPORT_NAME, frozenset(given), bool((data or {}).get("allow_pipe")), output
-    )
+    allow_pipe = bool((data or {}).get("allow_pipe"))
+    return TrainedRun(run, cfg, encoder, step or run / EXPORT_NAME, frozenset(given), allow_pipe, output, weights_hash)
 
 
 def check_split(run: TrainedRun, split: str) -> str:
@@ -114,11 +118,6 @@ def check_split(run: TrainedRun, split: str) -> str:
         for saved in sorted({key, "shard_index"} - run.given):  # a URL saved without its credentials cannot be read
             saved_value_usable(data.get(saved), f"data.{saved}", run.run_dir / "config.yaml")
     return split_source(data, split)
-
-
-def weights_sha256(path: Path) -> str:
-    """Hash of a weights file, or of every file of a checkpoint directory (names and content hashes)."""
-    return file_sha256(path) if path.is_file() else files_sha256(path)
 
 
 def normalization(data: DictConfig) -> dict:
@@ -235,6 +234,8 @@ def embed_split(run: TrainedRun, split: str, batch_size: int = 512, num_workers:
 def reduce_encoder(cfg, env, pairs: bool, device):
     """The eigtrain-rr path for a run directory or checkpoint (see eigtrain.rr_job)."""
     run = open_run(cfg.run_dir, cfg.checkpoint, device, data=command_line_data(cfg.data))
+    if env.rank == 0:  # which weights this export is of: the run's final ones or a checkpoint's step
+        print(f"eigtrain-rr: weights from {run.weights}", file=sys.stderr)
     data_source = check_split(run, cfg.split)
     if run.pairs != pairs:
         raise ValueError(
@@ -247,7 +248,7 @@ def reduce_encoder(cfg, env, pairs: bool, device):
         "kind": "checkpoint",
         "run_dir": str(run.run_dir.resolve()),
         "path": str(Path(run.weights).resolve()),
-        "sha256": weights_sha256(Path(run.weights)),
+        "sha256": run.weights_sha256,
         "data": data_source,
         "input": run.output,
     }

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from .output_dirs import EVAL_ENTRIES, check_output_dir
+from .provenance import provenance_line
 
 
 def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> dict[str, Path]:
@@ -26,6 +27,8 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     if report.get("data"):
         seen = " Embeddings l2-normalized, as the objective saw them." if report.get("input") == "l2_normalized" else ""
         lines += [f"Data: fitted on {report['data']['train']}; scored on {report['data']['test']}.{seen}", ""]
+    if report.get("rr_export"):  # whose weights the export was solved on (eigtrain.provenance)
+        lines += [provenance_line(report["rr_export"]), ""]
     lines.append("| Methods \\ Dims | " + " | ".join(str(k) for k in dims) + " |")
     lines.append("|---|" + "---|" * len(dims))
     for method, row in acc.items():

@@ -40,6 +40,7 @@ from .probes import (
     smallest_k_within,
     spectrum_report,
 )
+from .provenance import export_provenance
 from .redact import redact_url
 
 PAIRED = (("RR", "PCA"), (RR_PAPER, "PCA"), ("JN", "PCA"), ("FF", "PCA"), ("RR", RR_PAPER))  # the differences reported
@@ -197,6 +198,7 @@ class EvalConfig:
     pca: bool = True
     retrieval: str = "auto"  # auto (FAISS when installed, else torch) | torch | faiss | none
     retrieval_draws: int = 5
+    allow_foreign_export: bool = False  # score through an export solved on other weights (stated in the report)
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
 
 
@@ -258,6 +260,8 @@ def evaluate(cfg) -> tuple[dict, dict]:
                 f"embeddings, but this run's objective sees {run.output.replace('_', '-')} ones: run eigtrain-rr "
                 f"again (overwrite=true)"
             )
+        if cfg.run_dir:  # the export must be of the weights scored here (eigtrain.provenance)
+            provenance = export_provenance(Path(rr_dir), run.weights, run.weights_sha256, cfg.allow_foreign_export)
         train["rr"], test["rr"] = head(train_z.double()).float(), head(test_z.double()).float()
         if "paper_transform" in safe_open(str(Path(rr_dir) / "rr.safetensors"), "pt").keys():  # both conventions
             paper = load_head(rr_dir, dtype=torch.float64, convention="paper")
@@ -288,7 +292,9 @@ def evaluate(cfg) -> tuple[dict, dict]:
         retrieval_draws=cfg.retrieval_draws,
     )
     report["data"] = sources  # which data each split came from (URLs without credentials)
-    report["input"] = run.output if cfg.run_dir else "features"  # embeddings as the objective saw them, or a file's
+    report["input"] = run.output if cfg.run_dir else "features"
+    if "rr" in train and cfg.run_dir:
+        report["rr_export"] = provenance  # embeddings as the objective saw them, or a file's
     if "rr" in train:  # the k the export's spectrum suggests, beside the k the probes measured
         report["spectrum"] = spectrum_report(head.eigenvalues, dims, report["smallest_k"].get("RR", {}))
         manifest = json.loads((Path(rr_dir) / MANIFEST).read_text())
