@@ -140,11 +140,12 @@ def _delete(paths: list[Path]) -> list[Path]:
     return deleted
 
 
-def prune(root: Path, keep_last: int) -> list[Path]:
+def prune(root: Path, keep_last: int, upto: int | None = None) -> list[Path]:
     """Delete all but the newest ``keep_last`` complete checkpoints, and any incomplete directory
     (a save that died) older than the newest complete one; only directories eigtrain wrote. Returns what was
-    deleted."""
-    done = complete_checkpoints(root)
+    deleted. ``upto``: the step just saved; newer steps (one that failed verification, left by the resume that fell
+    back before it) are neither counted nor deleted, so the step just saved is always kept."""
+    done = [(s, p) for s, p in complete_checkpoints(root) if upto is None or s <= upto]
     if not done:
         return []
     newest = done[-1][0]
@@ -229,7 +230,7 @@ class Checkpointer:
         if self.rank == 0:
             checksums = write_checksums(path, skip=(OWNER, MARKER))
             mark_complete(path, {"step": step, "world_size": self.world_size, "checksums": checksums})
-            prune(self.root, self.keep_last)
+            prune(self.root, self.keep_last, upto=step)
         self.last_saved = path
         return path
 

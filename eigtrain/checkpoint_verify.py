@@ -35,6 +35,12 @@ def write_checksums(path: Path, skip: tuple[str, ...]) -> str:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path / CHECKSUMS)
+    for durable in (path / CHECKSUMS, path):  # the file under its name, and the rename, before the marker
+        fd = os.open(durable, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     return CHECKSUMS
 
 

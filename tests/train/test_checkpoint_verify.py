@@ -139,3 +139,62 @@ def test_model_weights_of_a_dcp_step_need_no_module(tmp_path):
     weights = ckpt.model_weights(tmp_path / "step-1")
     assert weights.keys() == engine.model.state_dict().keys()
     assert all(torch.equal(weights[k], v) for k, v in engine.model.state_dict().items())
+
+
+ZERO3_SAFE_READ = """
+import json, pickle, shutil, sys
+from pathlib import Path
+import torch
+from safetensors.torch import load_file
+import eigtrain.train as train_module
+from eigtrain import checkpoint as ckpt
+from eigtrain.checkpoint_read import CheckpointReadError
+from eigtrain.checkpoint_verify import write_checksums
+train_module.run(train_module.compose_config(sys.argv[2:]))
+run, out = Path(sys.argv[1]), {}
+weights, final = ckpt.model_weights(run / "checkpoints/step-2"), load_file(str(run / "model.safetensors"))
+out["same_as_export"] = weights.keys() == final.keys() and all(torch.equal(weights[k], final[k]) for k in final)
+marker = run / "code-ran"
+class Planted:
+    def __reduce__(self):
+        return (open, (str(marker), "w"))
+out["refused"] = {}
+for name in ("zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"):
+    copy = run / "planted" / "step-2"
+    shutil.rmtree(copy.parent, ignore_errors=True)
+    shutil.copytree(run / "checkpoints/step-2", copy)
+    (copy / name).write_bytes(pickle.dumps(Planted(), protocol=2))
+    write_checksums(copy, skip=(ckpt.OWNER, ckpt.MARKER))
+    try:
+        ckpt.model_weights(copy)
+    except CheckpointReadError as error:
+        out["refused"][name] = str(error)
+out["ran"] = marker.exists()
+print("RESULT", json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_zero3_weights_are_gathered_without_unpickling_code(digits_root, tmp_path):
+    """ZeRO-3 partitions gathered weights-only (DeepSpeed's zero_to_fp32 loads with weights_only=False): the same
+    weights as the run's export, and a planted pickle in either partition file refused in one line, never run."""
+    from tests.support.runs import REPO, overrides, run_cli
+
+    run_dir = tmp_path / "run"
+    ds = ("engine=deepspeed", "engine.zero_stage=3", "steps=2", "checkpoint_every=1")
+    out = run_cli(["-c", ZERO3_SAFE_READ, str(run_dir), *overrides(run_dir, digits_root, *ds)], REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.split("RESULT", 1)[1])
+    assert result["same_as_export"] and not result["ran"], result
+    assert len(result["refused"]) == 2 and all(m.startswith("cannot read ") for m in result["refused"].values())
+
+
+def test_a_save_after_falling_back_is_never_pruned_for_the_step_that_failed(tmp_path):
+    """Steps 2 and 4 saved, 4 damaged: resume from 2, then (keep_last=1) a stop-signal save at step 3. Step 4 is no
+    step of this lineage: pruning keeps the step just written, not it."""
+    engine, saver = saved(tmp_path, steps=(2, 4), keep_last=2)
+    (tmp_path / "step-4" / "trainer.json").write_text("{}")  # fails its checksum
+    path, _, _ = ckpt.Checkpointer(tmp_path, engine, keep_last=1).resume()
+    assert path == tmp_path / "step-2"
+    ckpt.Checkpointer(tmp_path, engine, keep_last=1).save(3, {"step": 3}, {"data": {"batches": 3}})
+    assert (tmp_path / "step-3").is_dir() and newest_verified(tmp_path) == tmp_path / "step-3"
