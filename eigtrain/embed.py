@@ -4,7 +4,6 @@ evaluation. Every sample is read exactly once across ranks and workers (ShardStr
 from __future__ import annotations
 
 import hashlib
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,8 +233,6 @@ def embed_split(run: TrainedRun, split: str, batch_size: int = 512, num_workers:
 def reduce_encoder(cfg, env, pairs: bool, device):
     """The eigtrain-rr path for a run directory or checkpoint (see eigtrain.rr_job)."""
     run = open_run(cfg.run_dir, cfg.checkpoint, device, data=command_line_data(cfg.data))
-    if env.rank == 0:  # which weights this export is of: the run's final ones or a checkpoint's step
-        print(f"eigtrain-rr: weights from {run.weights}", file=sys.stderr)
     data_source = check_split(run, cfg.split)
     if run.pairs != pairs:
         raise ValueError(

@@ -290,6 +290,8 @@ def run(cfg: RRJobConfig) -> dict:
         )  # atomic
         print(json.dumps(summary, indent=1))
         print(dimensions_line(result.dims))
+        if source.get("kind") == "checkpoint":  # which weights: the run's final ones, or which checkpoint step
+            print(f"eigtrain-rr: weights from {source['path']}")
         if result.extra.get("shrinkage"):
             print(shrinkage_line(result.extra["shrinkage"], acc.n))
         if result.extra["reproducibility"]:
