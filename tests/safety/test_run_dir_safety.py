@@ -163,3 +163,21 @@ def test_rr_reads_a_step_the_trainer_prunes_meanwhile(world, template, monkeypat
     assert outcome.code == 0, outcome
     assert "step-1 is being read" in caplog.text
     assert [p.name for p in ckpt.prune(run / "checkpoints", keep_last=1)] == ["step-1"]  # read over: pruned
+
+
+def test_eval_uses_another_steps_export_only_when_allowed_and_says_so(world, template):
+    run = trained(world, template)
+    step_1 = run / "checkpoints" / "step-1"
+    assert rr(world, f"checkpoint={step_1}", f"out={world.tmp / 'rr-1'}").code == 0
+    assert rr(world, f"run_dir={run}", f"out={run / 'rr'}").code == 0  # the run's own (its final weights)
+    val = f"data.val_shards={world.shard('val-0.tar', good_samples('v0', 6))}"
+    assert eval_(world, f"run_dir={run}", f"out={world.tmp / 'own'}", val)[0] == 0
+    own = json.loads((world.tmp / "own" / "report.json").read_text())["rr_export"]
+    assert own["same_weights"] and own["scored_weights"] == str(run / "model.safetensors")
+    code, message = eval_(world, f"run_dir={run}", f"rr={world.tmp / 'rr-1'}", f"out={world.tmp / 'ev'}", val)
+    assert code == 2 and "solved on other weights" in message and not (world.tmp / "ev").exists(), message
+    args = (f"run_dir={run}", f"rr={world.tmp / 'rr-1'}", f"out={world.tmp / 'ev'}", val, "allow_foreign_export=true")
+    assert eval_(world, *args)[0] == 0
+    foreign = json.loads((world.tmp / "ev" / "report.json").read_text())["rr_export"]
+    assert not foreign["same_weights"] and foreign["allow_foreign_export"] and foreign["solved_on"] == str(step_1)
+    assert "solved on OTHER weights" in (world.tmp / "ev" / "table.md").read_text()
