@@ -4,8 +4,10 @@ A checkpoint directory holds
   - the engine's sharded model + optimizer state (torch.distributed.checkpoint or DeepSpeed files),
   - ``rank-R.pt`` per rank: RNG states (eigtrain.random_state) and the data cursor (differ between ranks),
   - ``trainer.json``: step, samples seen, skip counter, wandb run id (same on all ranks),
+  - ``checksums.json``: every file's sha256 (eigtrain.checkpoint_verify), written by rank 0 before the marker,
   - ``COMPLETE``, written by rank 0 only after every rank finished writing.
-Discovery ignores directories without the marker, so a save killed half-way is never chosen.
+Discovery ignores directories without the marker, so a save killed half-way is never chosen; resume and readers
+take the newest step that verifies. Nothing is unpickled beyond plain data (eigtrain.checkpoint_read).
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
+from eigtrain.checkpoint_read import load_tensors, model_weights, read_json, reading
+from eigtrain.checkpoint_verify import newest_verified, write_checksums
+
+__all__ = ["model_weights"]  # read by eigtrain.embed and the tests from here
 log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
@@ -116,22 +122,30 @@ def _claim_step_dir(path: Path) -> str:
 
 
 def _delete(paths: list[Path]) -> list[Path]:
-    """Delete the step directories eigtrain wrote; warn about (and keep) any other."""
+    """Delete the step directories eigtrain wrote and no reader holds (eigtrain.run_lock); warn about (and keep) any
+    other."""
+    from eigtrain.run_lock import unpinned
+
     deleted = []
     for p in paths:
-        if is_ours(p):
-            shutil.rmtree(p, ignore_errors=True)
-            deleted.append(p)
-        else:
+        if not is_ours(p):
             log.warning("%s was not written by eigtrain (no %s or %s in it): left as it is", p, OWNER, MARKER)
+            continue
+        with unpinned(p) as free:
+            if free:
+                shutil.rmtree(p, ignore_errors=True)
+                deleted.append(p)
+            else:
+                log.warning("%s is being read (eigtrain-rr or -eval): kept; a later save prunes it", p)
     return deleted
 
 
-def prune(root: Path, keep_last: int) -> list[Path]:
+def prune(root: Path, keep_last: int, upto: int | None = None) -> list[Path]:
     """Delete all but the newest ``keep_last`` complete checkpoints, and any incomplete directory
     (a save that died) older than the newest complete one; only directories eigtrain wrote. Returns what was
-    deleted."""
-    done = complete_checkpoints(root)
+    deleted. ``upto``: the step just saved; newer steps (one that failed verification, left by the resume that fell
+    back before it) are neither counted nor deleted, so the step just saved is always kept."""
+    done = [(s, p) for s, p in complete_checkpoints(root) if upto is None or s <= upto]
     if not done:
         return []
     newest = done[-1][0]
@@ -214,19 +228,21 @@ class Checkpointer:
         fsync_tree(path)
         _barrier()  # every rank finished writing, durably
         if self.rank == 0:
-            mark_complete(path, {"step": step, "world_size": self.world_size})
-            prune(self.root, self.keep_last)
+            checksums = write_checksums(path, skip=(OWNER, MARKER))
+            mark_complete(path, {"step": step, "world_size": self.world_size, "checksums": checksums})
+            prune(self.root, self.keep_last, upto=step)
         self.last_saved = path
         return path
 
     def resume(self) -> tuple[Path | None, dict[str, Any], dict[str, Any]]:
-        """Rank 0 picks the newest complete checkpoint (deleting partial ones) and tells the other ranks;
-        every rank restores the engine from it. Returns (path or None, trainer_state, this rank's state)."""
+        """Rank 0 picks the newest complete checkpoint that verifies (deleting partial ones; one that fails its
+        checksums is skipped with a warning) and tells the other ranks; every rank restores the engine from it.
+        Returns (path or None, trainer_state, this rank's state)."""
         from eigtrain.dist import broadcast_object
 
         if self.rank == 0:
             remove_incomplete(self.root)
-        latest = broadcast_object(str(latest_checkpoint(self.root) or "") if self.rank == 0 else None)
+        latest = broadcast_object(str(newest_verified(self.root) or "") if self.rank == 0 else None)
         self.last_saved = Path(latest) if latest else None
         return (self.last_saved, *self.load(self.last_saved)) if self.last_saved else (None, {}, {})
 
@@ -234,10 +250,10 @@ class Checkpointer:
         """Restore the engine from ``path``; return (trainer_state, this rank's state)."""
         path = Path(path)
         self.engine.load(path)
-        trainer_state = json.loads((path / "trainer.json").read_text())
-        saved_world = json.loads((path / MARKER).read_text()).get("world_size")
+        trainer_state = read_json(path / "trainer.json")
+        saved_world = read_json(path / MARKER).get("world_size")
         if saved_world == self.world_size:
-            return trainer_state, torch.load(path / f"rank-{self.rank}.pt", weights_only=True)
+            return trainer_state, load_tensors(path / f"rank-{self.rank}.pt")
         # Another world size (e.g. a requeued job on fewer nodes): the data cursor carries over (the stream
         # re-plans the rest of the epoch) but per-rank RNG streams cannot, so the resume is not exact.
         log.warning(
@@ -246,7 +262,7 @@ class Checkpointer:
             saved_world,
             self.world_size,
         )
-        return trainer_state, {"data": torch.load(path / "rank-0.pt", weights_only=True)["data"]}
+        return trainer_state, {"data": load_tensors(path / "rank-0.pt")["data"]}
 
 
 # -- trained weights -------------------------------------------------------------------------------
@@ -264,26 +280,6 @@ def export_model(path: Path, state_dict: Mapping[str, torch.Tensor], metadata: M
     os.replace(tmp, path)
 
 
-def model_weights(step_path: Path) -> dict[str, torch.Tensor]:
-    """The full model weights stored in a checkpoint directory (DDP/DCP or DeepSpeed ZeRO 1-3), on CPU."""
-    step_path = Path(step_path)
-    deepspeed_file = step_path / "mp_rank_00_model_states.pt"
-    if deepspeed_file.exists():  # ZeRO-1/2: rank 0 wrote the whole module
-        return torch.load(deepspeed_file, map_location="cpu", weights_only=True)["module"]
-    if list(step_path.glob("zero_pp_rank_*_model_states.pt")):  # ZeRO-3: gather the partitions
-        # (DeepSpeed's own converter; note that it unpickles with weights_only=False.)
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        return dict(get_fp32_state_dict_from_zero_checkpoint(str(step_path.parent), tag=step_path.name))
-    import tempfile
-
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory() as tmp:
-        dcp_to_torch_save(step_path, Path(tmp) / "state.pt")
-        return torch.load(Path(tmp) / "state.pt", map_location="cpu", weights_only=True)["model"]
-
-
 def load_encoder(run_dir: Path, step_path: Path | None = None) -> torch.nn.Module:
     """The trained encoder of a run (eval mode): architecture from ``run_dir/config.yaml`` and
     ``run_dir/model.json`` (input shapes), weights from ``run_dir/model.safetensors`` or, if given,
@@ -295,14 +291,27 @@ def load_encoder(run_dir: Path, step_path: Path | None = None) -> torch.nn.Modul
 
     run_dir = Path(run_dir)
     cfg = load_saved_config(run_dir / "config.yaml")
-    shapes = json.loads((run_dir / MODEL_INFO_NAME).read_text())
+    shapes = read_json(run_dir / MODEL_INFO_NAME)
     model = build_encoder(cfg.model, cfg.dim, shapes["input_shape"], shapes["context_shape"])
-    if step_path is None:
-        export = run_dir / EXPORT_NAME
-        if not export.exists():
-            raise FileNotFoundError(f"{export} does not exist: the run has not finished (pass a checkpoint directory)")
-        weights = load_file(str(export))
-    else:
-        weights = model_weights(step_path)
-    model.load_state_dict(weights)
+    source = Path(step_path) if step_path is not None else run_dir / EXPORT_NAME
+    if step_path is None and not source.exists():
+        raise FileNotFoundError(f"{source} does not exist: the run has not finished (pass a checkpoint directory)")
+    weights = model_weights(source) if step_path is not None else None
+    with reading(source):  # safetensors is plain data; a file of other weights fails here, in one line
+        model.load_state_dict(weights if weights is not None else load_file(str(source)))
     return model.eval()
+
+
+def read_encoder(run_dir: Path, step_path: Path | None) -> tuple[torch.nn.Module, str]:
+    """`load_encoder` and the sha256 of the weights read (the export file, or every file of the step), the step
+    pinned meanwhile so that a trainer still pruning this run cannot delete it mid-read (eigtrain.run_lock)."""
+    from eigtrain.checkpoint_read import CheckpointReadError
+    from eigtrain.export import file_sha256, files_sha256
+    from eigtrain.run_lock import pinned
+
+    if step_path is None:
+        return load_encoder(run_dir, None), file_sha256(Path(run_dir) / EXPORT_NAME)
+    with pinned(step_path) as present:
+        if not present:
+            raise CheckpointReadError(step_path, "pruned by the trainer before it could be read; run the command again")
+        return load_encoder(run_dir, step_path), files_sha256(step_path)

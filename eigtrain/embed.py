@@ -14,12 +14,13 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.nn import functional as F
 
-from .checkpoint import EXPORT_NAME, latest_checkpoint, load_encoder
+from .checkpoint import EXPORT_NAME, read_encoder
+from .checkpoint_verify import check_step, newest_verified
 from .data import ShardStream, StreamOptions, build_augment, read_index
 from .data.augment import NORMALIZATION
 from .data.from_config import DataConfigError, build_stream, split_shards, split_source, uses_shards
 from .data.pipe_trust import SOURCE_KEYS, check_saved_sources
-from .export import file_sha256, files_sha256
+from .export import file_sha256
 from .models.encoder import PairEncoder
 from .rayleigh_ritz import RRAccumulator
 from .redact import saved_value_usable
@@ -37,6 +38,7 @@ class TrainedRun:
     given: frozenset[str] = frozenset()  # data keys the command line set (its sources are the user's own)
     allow_pipe: bool = False  # data.allow_pipe=true on the command line: saved pipe: sources may run
     output: str = "raw"  # raw | l2_normalized: what `encoder` returns (the export's input)
+    weights_sha256: str | None = None  # of `weights` as loaded (read while the step was pinned against pruning)
 
     @property
     def pairs(self) -> bool:
@@ -83,15 +85,17 @@ def open_run(
         if not step.is_dir():
             raise FileNotFoundError(f"checkpoint directory {step} does not exist")
         run = Path(run_dir) if run_dir else step.parent.parent
+        check_step(step)  # complete, and its files as they were saved: else one line, nothing read
     else:
         run = Path(run_dir)
         if not (run / "config.yaml").exists():
             raise FileNotFoundError(f"{run} is not a training run directory (no config.yaml)")
-        step = None if (run / EXPORT_NAME).exists() else latest_checkpoint(run / "checkpoints")
+        step = None if (run / EXPORT_NAME).exists() else newest_verified(run / "checkpoints")
         if step is None and not (run / EXPORT_NAME).exists():
-            raise FileNotFoundError(f"{run} has neither {EXPORT_NAME} nor a complete checkpoint")
+            raise FileNotFoundError(f"{run} has neither {EXPORT_NAME} nor a complete checkpoint that verifies")
     cfg = load_saved_config(run / "config.yaml")  # plain YAML only: one line for a tag, never run
-    encoder, output = objective_view(load_encoder(run, step).to(device), cfg)
+    encoder, weights_hash = read_encoder(run, step)  # the step pinned against pruning meanwhile
+    encoder, output = objective_view(encoder.to(device), cfg)
     given = {k: v for k, v in (data or {}).items() if k in SOURCE_KEYS and v is not None}
     if given.get("val_shards") is not None and not (given.get("shards") or cfg.data.shards):
         raise DataConfigError(
@@ -100,9 +104,8 @@ def open_run(
         )  # it was ignored silently
     for key, value in given.items():
         cfg.data[key] = value
-    return TrainedRun(
-        run, cfg, encoder, step or run / EXPORT_NAME, frozenset(given), bool((data or {}).get("allow_pipe")), output
-    )
+    allow_pipe = bool((data or {}).get("allow_pipe"))
+    return TrainedRun(run, cfg, encoder, step or run / EXPORT_NAME, frozenset(given), allow_pipe, output, weights_hash)
 
 
 def check_split(run: TrainedRun, split: str) -> str:
@@ -116,11 +119,6 @@ def check_split(run: TrainedRun, split: str) -> str:
         for saved in sorted({key, "shard_index"} - run.given):  # a URL saved without its credentials cannot be read
             saved_value_usable(data.get(saved), f"data.{saved}", run.run_dir / "config.yaml")
     return split_source(data, split)
-
-
-def weights_sha256(path: Path) -> str:
-    """Hash of a weights file, or of every file of a checkpoint directory (names and content hashes)."""
-    return file_sha256(path) if path.is_file() else files_sha256(path)
 
 
 def normalization(data: DictConfig) -> dict:
@@ -251,7 +249,7 @@ def reduce_encoder(cfg, env, pairs: bool, device):
         "kind": "checkpoint",
         "run_dir": str(run.run_dir.resolve()),
         "path": str(Path(run.weights).resolve()),
-        "sha256": weights_sha256(Path(run.weights)),
+        "sha256": run.weights_sha256,
         "data": data_source,
         "input": run.output,
         "step": used["step"],

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from .output_dirs import EVAL_ENTRIES, check_output_dir
+from .provenance import provenance_line
 from .run_step import describe
 
 
@@ -34,6 +35,8 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     if report.get("weights"):  # which step each run was scored at (an unfinished run's newest checkpoint)
         used = [f"{w['run_dir']} at {describe(w['weights'], w['step'], w['steps'])}" for w in report["weights"]]
         lines += [f"Weights: {'; '.join(used)}.", ""]
+    if report.get("rr_export"):  # whose weights the export was solved on (eigtrain.provenance)
+        lines += [provenance_line(report["rr_export"]), ""]
     lines.append("| Methods \\ Dims | " + " | ".join(str(k) for k in dims) + " |")
     lines.append("|---|" + "---|" * len(dims))
     for method, row in acc.items():

@@ -42,6 +42,7 @@ from .probes import (
     smallest_k_within,
     spectrum_report,
 )
+from .provenance import export_provenance
 from .redact import redact_url
 from .run_step import weights_record
 
@@ -202,6 +203,7 @@ class EvalConfig:
     pca: bool = True
     retrieval: str = "auto"  # auto (FAISS when installed, else torch) | torch | faiss | none
     retrieval_draws: int = 5
+    allow_foreign_export: bool = False  # score through an export solved on other weights (stated in the report)
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
 
 
@@ -263,6 +265,8 @@ def evaluate(cfg) -> tuple[dict, dict]:
                 f"embeddings, but this run's objective sees {run.output.replace('_', '-')} ones: run eigtrain-rr "
                 f"again (overwrite=true)"
             )
+        if cfg.run_dir:  # the export must be of the weights scored here (eigtrain.provenance)
+            provenance = export_provenance(Path(rr_dir), run.weights, run.weights_sha256, cfg.allow_foreign_export)
         train["rr"], test["rr"] = head(train_z.double()).float(), head(test_z.double()).float()
         if "paper_transform" in safe_open(str(Path(rr_dir) / "rr.safetensors"), "pt").keys():  # both conventions
             paper = load_head(rr_dir, dtype=torch.float64, convention="paper")
@@ -295,10 +299,12 @@ def evaluate(cfg) -> tuple[dict, dict]:
     report["data"] = sources  # which data each split came from (URLs without credentials)
     report["input"] = run.output if cfg.run_dir else "features"  # embeddings as the objective saw them, or a file's
     report["weights"] = [weights_record(r) for r in runs] if cfg.run_dir else []  # which step each run was scored at
+    if "rr" in train and cfg.run_dir:
+        report["rr_export"] = provenance  # whose weights the export was solved on (eigtrain.provenance)
     if "rr" in train:  # the k the export's spectrum suggests, beside the k the probes measured
         report["spectrum"] = spectrum_report(head.eigenvalues, dims, report["smallest_k"].get("RR", {}))
         manifest = json.loads((Path(rr_dir) / MANIFEST).read_text())
-        report["rr_cuts"] = manifest.get("cuts")  # None: an export from before, or halves=false
+        report["rr_cuts"] = manifest.get("cuts")  # None: an export from before, folds=0, or too few samples
         report["rr_ties"] = manifest.get("ties")  # ties=variance: the groups reordered by variance
     title = f"Accuracy (%) by representation size — {Path(cfg.run_dir or cfg.features).name}"
     return report, write_report(report, out, title)

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
@@ -233,9 +233,12 @@ def load_head(
     file = path / TENSORS if path.is_dir() else path
     if not file.exists():
         raise FileNotFoundError(f"no Rayleigh-Ritz export at {file}")
-    t = load_file(str(file))
-    with safe_open(str(file), "pt") as f:  # exports before the input was recorded: raw
-        normalized = (f.metadata() or {}).get("input", "raw") == "l2_normalized"
+    try:
+        t = load_file(str(file))
+        with safe_open(str(file), "pt") as f:  # exports before the input was recorded: raw
+            normalized = (f.metadata() or {}).get("input", "raw") == "l2_normalized"
+    except SafetensorError as error:  # truncated, empty, or not safetensors at all (never unpickled)
+        raise ValueError(f"cannot read {file}: {error}") from None
     if convention == "paper":
         if "paper_transform" not in t:
             raise ValueError(f"{file} holds no paper-convention tensors (it was exported with trivial=keep)")

@@ -30,6 +30,8 @@ RUN_ENTRIES = frozenset(
         "slurm",
         "rr",
         "eval",
+        ".eigtrain-lock",  # the trainer's lock (eigtrain.run_lock)
+        "lineage.jsonl",  # resumes that started a new lineage (eigtrain.lineage)
     }
 )
 EVAL_ENTRIES = frozenset({"table.md", "table.csv", "report.json", "accuracy_vs_dim.png", "retrieval_vs_dim.png"})

@@ -221,7 +221,7 @@ def centered(mode: str, center: bool, trivial: str) -> bool:
 @dataclass
 class RRResult:
     """Ordered features: feature i of z is ((z - mean) @ transform)[:, i], eigenvalues descending (`solve`;
-    eigtrain-rr then orders the groups two halves of the data do not order by variance, rr_prefixes.order_ties)."""
+    eigtrain-rr ties=variance may then reorder the undetermined groups by variance, rr_prefixes.order_ties)."""
 
     eigenvalues: torch.Tensor
     transform: torch.Tensor

@@ -27,12 +27,14 @@ from eigtrain.data import CorruptDataError, build_augment
 from eigtrain.data import from_config as data_setup
 from eigtrain.engine import build_engine, lr_at
 from eigtrain.engine.base import LossFn, accumulation_caveat, enable_cuda_fast_paths
+from eigtrain.lineage import check_resume
 from eigtrain.metrics_log import MetricsLog, Progress, Reporter, stable_run_id, write_run_records
 from eigtrain.models import build_encoder, use_sync_batch_norm
 from eigtrain.monitor import build_monitor
 from eigtrain.objectives import build_objective
 from eigtrain.output_dirs import claim_run_dir
 from eigtrain.redact import redact_config, redact_logs, redact_url, redact_yaml_file
+from eigtrain.run_lock import WriterSlot
 from eigtrain.schema import ConfigError, validate
 from eigtrain.step_inputs import StepInputs
 from eigtrain.train_state import NonFiniteError, RankState, TrainState
@@ -130,7 +132,11 @@ def _train(
 ) -> dict[str, Any]:
     """The training loop: each step a batch, an update and the counters; each component says whether the step is its
     turn (the reporter to log, the checkpointer to save or stop), alike on every rank."""
-    t = _setup(cfg, env, device, objective, micro_batch, accum)
+    with WriterSlot() as writer:  # one trainer per run directory, for the whole run (released however it ends)
+        return _loop(_setup(cfg, env, device, objective, micro_batch, accum, writer), cfg, env.rank == 0)
+
+
+def _loop(t: Trainer, cfg: DictConfig, rank0: bool) -> dict[str, Any]:
     state, checkpoints, report, end = t.state, t.checkpoints, t.report, min(cfg.steps, cfg.stop_after or cfg.steps)
     result = None
     try:
@@ -148,7 +154,7 @@ def _train(
             if checkpoints.should_save(step, end, result.applied):
                 checkpoints.save(step, state.state_dict(), t.rank_state.state_dict())
         final_weights = t.engine.model_state_dict() if state.step == cfg.steps else None  # a collective for ZeRO-3
-        if env.rank == 0 and final_weights is not None:
+        if rank0 and final_weights is not None:
             ckpt.export_model(Path(cfg.run_dir) / ckpt.EXPORT_NAME, final_weights, {"step": state.step, **t.model_info})
     finally:
         report.close()
@@ -164,13 +170,14 @@ def _train(
 
 
 def _setup(
-    cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, micro_batch: int, accum: int
+    cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, micro_batch: int, accum: int, writer=None
 ) -> Trainer:
     """Claim the run directory, prepare the data, build the model, engine, stream and augmentation; `_resume`."""
     rank, world, rank0, data = env.rank, env.world_size, env.rank == 0, cfg.data
     run_dir = Path(cfg.run_dir)
     folder = cfg.launcher.folder if cfg.launcher.name == "slurm" else None  # its logs: written before the job started
-    refused = dist.broadcast_object(claim_run_dir(run_dir, folder) if rank0 else None)  # before anything else
+    # before anything else: a directory of eigtrain's, and no other trainer writing it (eigtrain.run_lock)
+    refused = dist.broadcast_object((claim_run_dir(run_dir, folder) or writer.take(run_dir)) if rank0 else None)
     if refused:
         raise ConfigError(refused)
     x_shape, a_shape = prepare_data(data, rank, cache_dir=run_dir / "data")
@@ -240,6 +247,11 @@ def _resume(
     )
     state = TrainState(device, batch_size=cfg.batch_size, max_nonfinite_steps=cfg.max_nonfinite_steps)
     rank_state = RankState(stream, inputs.generator)
+    if rank0:  # before anything is loaded or rewritten: the same objective, model, data and schedule
+        done = ckpt.complete_checkpoints(checkpoints.root)
+        lineage = check_resume(run_dir, redact_config(cfg), done[-1][0], cfg.new_lineage) if done else ""
+    if refused := dist.broadcast_object(lineage if rank0 else None):
+        raise ConfigError(refused)
     latest, trainer_state, saved_rank_state = checkpoints.resume()
     if latest:
         state.load_state_dict(trainer_state)

@@ -34,7 +34,7 @@ class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
 
 
 @contextlib.contextmanager
-def _single_process_ok():
+def single_process_ok():
     # Without a process group DCP warns on every call that it assumes a single process: that is intended.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process")
@@ -118,15 +118,17 @@ class DDPEngine:
             # next forward). DCP writes each replicated tensor from one rank only: make that rank 0's copy.
             for buffer in self.model.buffers():
                 dist.broadcast(buffer, src=0)
-        with _single_process_ok():
+        with single_process_ok():
             dcp.save(self._state(), checkpoint_id=str(step_dir), no_dist=not dist.is_initialized())
 
     def load(self, step_dir: Path) -> None:
+        from eigtrain.checkpoint_read import SafeFileSystemReader, reading  # .metadata unpickled with an allow-list
+
         state = self._state()
-        with _single_process_ok():
-            dcp.load(
-                state, checkpoint_id=str(step_dir), planner=WeightsOnlyLoadPlanner(), no_dist=not dist.is_initialized()
-            )
+        reader = SafeFileSystemReader(str(step_dir))
+        reader.read_metadata()  # its own one line (inside dcp.load it would be one rank's failure among others)
+        with single_process_ok(), reading(step_dir):
+            dcp.load(state, storage_reader=reader, planner=WeightsOnlyLoadPlanner(), no_dist=not dist.is_initialized())
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:

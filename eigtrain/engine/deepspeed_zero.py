@@ -21,13 +21,10 @@ ZERO_STAGES = (1, 2, 3)
 
 def _weights_only_load(path: str, map_location: Any = None) -> Any:
     # DeepSpeed's TorchCheckpointEngine loads with weights_only=False; allow only the three plain
-    # DeepSpeed classes its ZeRO checkpoints contain.
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
+    # DeepSpeed classes its ZeRO checkpoints contain (eigtrain.checkpoint_read), one line when that fails.
+    from eigtrain.checkpoint_read import load_tensors
 
-    with torch.serialization.safe_globals([LossScaler, ZeroStageEnum, fragment_address]):
-        return torch.load(path, map_location=map_location, weights_only=True)
+    return load_tensors(Path(path), map_location=map_location)
 
 
 class DeepSpeedEngine:
@@ -133,9 +130,12 @@ class DeepSpeedEngine:
         )
 
     def load(self, step_dir: Path) -> None:
-        path, _ = self.ds.load_checkpoint(str(step_dir.parent), tag=step_dir.name, load_lr_scheduler_states=False)
+        from eigtrain.checkpoint_read import CheckpointReadError, reading
+
+        with reading(step_dir):
+            path, _ = self.ds.load_checkpoint(str(step_dir.parent), tag=step_dir.name, load_lr_scheduler_states=False)
         if path is None:
-            raise FileNotFoundError(f"DeepSpeed could not load the checkpoint in {step_dir}")
+            raise CheckpointReadError(step_dir, "DeepSpeed found no checkpoint there")
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         """The full model weights on CPU (ZeRO-3 gathers them; only rank 0 gets them then)."""

@@ -227,6 +227,7 @@ class TrainConfig:
     cpu_threads: Optional[int] = None  # torch intra-op threads per process (null: PyTorch's default; torchrun sets 1)
     checkpoint_every: int = 500  # steps; a checkpoint is also written at the end and on a stop signal
     keep_last: int = 3  # complete checkpoints kept
+    new_lineage: bool = False  # resume despite a changed objective/model/data/schedule key (eigtrain.lineage)
     log_every: int = 10  # steps between metrics.jsonl lines / progress updates
     max_nonfinite_steps: int = 10  # steps skipped for a non-finite loss or gradient before the run stops
     dist_timeout_s: float = 600.0  # a collective waiting longer (dead or stuck rank) ends the job with an error

@@ -102,7 +102,7 @@ def rr(world: World, *args: str) -> Outcome:
     from eigtrain.rr_job import main
 
     base = ["num_workers=0", "batch_size=4", "device=cpu"]
-    if not any(a.startswith("run_dir=") for a in args):  # a run brings its encoder and data
+    if not any(a.startswith(("run_dir=", "checkpoint=")) for a in args):  # a run brings its encoder and data
         base += [
             ENCODER,
             "data.image_size=8",
@@ -399,6 +399,93 @@ def pipe_in_saved_config(world):
     return outcome
 
 
+# -- run directories from anyone (issue 34): checkpoints verified, nothing unpickled, one writer, provenance checked
+def small_run(world, *extra) -> Path:
+    """A finished 2-step run (checkpoints step-1 and step-2) on the world's two shards."""
+    run = world.tmp / "run"
+    assert train_small(world, run, local(world, "good-{0..1}.tar"), "dim=4", *extra).code == 0
+    return run
+
+
+def step_of(run: Path, n: int) -> Path:
+    return run / "checkpoints" / f"step-{n}"
+
+
+def rr_checkpoint_without_marker(world):
+    step = step_of(small_run(world), 2)
+    (step / "COMPLETE").unlink()  # a save that never finished
+    return rr(world, f"checkpoint={step}")
+
+
+def bit_flipped_newest_step(world):
+    """Resume falls back to the newest step that verifies (a warning names the file) and finishes the run."""
+    run = small_run(world, "steps=2")
+    shard = step_of(run, 2) / "__0_0.distcp"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])  # same size: only a checksum sees it
+    outcome = train_small(world, run, local(world, "good-{0..1}.tar"), "dim=4")
+    from eigtrain.checkpoint_verify import check_step
+
+    check_step(step_of(run, 2))  # step 2 written again, from step 1
+    return outcome
+
+
+def truncated_metadata(world):
+    step = step_of(small_run(world), 2)
+    (step / ".metadata").write_bytes((step / ".metadata").read_bytes()[:40])
+    return rr(world, f"checkpoint={step}")
+
+
+def planted_pickle(world):
+    import pickle
+
+    from eigtrain.checkpoint_verify import write_checksums
+
+    run, marker = small_run(world), world.tmp / "code-ran"
+
+    class Planted:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (step_of(run, 2) / ".metadata").write_bytes(pickle.dumps(Planted()))
+    write_checksums(step_of(run, 2), skip=(".eigtrain-checkpoint", "COMPLETE"))  # as a careful attacker would
+    outcome = rr(world, f"checkpoint={step_of(run, 2)}")
+    assert not marker.exists(), "a pickle planted in a checkpoint ran"
+    return outcome
+
+
+def second_trainer(world):
+    from eigtrain.run_lock import RunLock
+
+    run = small_run(world, "steps=1")
+    lock = RunLock(run)  # a trainer still running there (this process holds the lock)
+    try:
+        return train_small(world, run, local(world, "good-{0..1}.tar"), "dim=4")
+    finally:
+        lock.release()
+
+
+def resume_another_objective(world):
+    run = small_run(world, "stop_after=1")
+    saved = (run / "config.yaml").read_bytes()
+    outcome = train_small(world, run, local(world, "good-{0..1}.tar"), "dim=4", "objective=vicreg")
+    assert (run / "config.yaml").read_bytes() == saved  # not rewritten by a refused resume
+    return outcome
+
+
+def eval_other_weights_export(world):
+    from eigtrain.evaluate import main
+
+    run = small_run(world)
+    assert rr(world, f"checkpoint={step_of(run, 1)}", f"out={world.tmp / 'rr-step-1'}").code == 0
+    val = world.shard("val-0.tar", good_samples("v0", 6))
+    args = [f"run_dir={run}", f"rr={world.tmp / 'rr-step-1'}", f"data.val_shards={val}", "probe=closed_form"]
+    stderr = io.StringIO()
+    with _redirect_stderr(stderr):
+        code = main([*args, "random_draws=2", "retrieval=none", "dims=[4]", f"out={world.tmp / 'ev'}"])
+    return Outcome(code, _last_line(stderr.getvalue()))
+
+
 OK = (0, "")
 
 
@@ -525,6 +612,31 @@ CASES = [  # name, set-up and command, (exit code, regex of the one line eigtrai
         ),
     ),
     case("nan-loss", nan_loss, (1, r"non-finite loss or gradient, more than max_nonfinite_steps=1")),
+    case(
+        "rr-checkpoint-without-marker",
+        rr_checkpoint_without_marker,
+        (2, r"cannot read .*step-2/COMPLETE: the checkpoint is not complete"),
+    ),
+    case("bit-flipped-newest-checkpoint", bit_flipped_newest_step, OK),
+    case("truncated-dcp-metadata", truncated_metadata, (2, r"step-2 fails verification: .*\.metadata does not match")),
+    case(
+        "pickle-planted-in-a-checkpoint", planted_pickle, (2, r"cannot read .*\.metadata: .*is not checkpoint metadata")
+    ),
+    case(
+        "second-trainer-on-a-run-dir",
+        second_trainer,
+        (1, r"run is being written by another eigtrain-train \(host .*pid \d+"),
+    ),
+    case(
+        "resume-with-another-objective",
+        resume_another_objective,
+        (1, r"config error: resuming .* at step 1 with objective changed .*new_lineage=true"),
+    ),
+    case(
+        "eval-rr-solved-on-other-weights",
+        eval_other_weights_export,
+        (2, r"solved on other weights .*allow_foreign_export=true"),
+    ),
 ]
 
 

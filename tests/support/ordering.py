@@ -4,7 +4,7 @@ import torch
 
 
 def assert_descending_outside_ties(values: torch.Tensor, ties: dict | None) -> None:
-    """Eigenvalues descend from each group the halves do not order (manifest "ties": ordered by variance inside,
+    """Eigenvalues descend from each group ties=variance reordered (manifest "ties": ordered by variance inside,
     each value a feature's Rayleigh quotient) to the next, and within no group is anything out of order beyond it."""
     groups = (ties or {}).get("groups") or []
     starts = {a - 1: b for a, b in groups}

@@ -1,0 +1,100 @@
+"""What a step means: resuming a run with another objective, model, data source or schedule is refused.
+
+A checkpoint's step N is N updates of *this* objective on *this* model over *this* data in *this* order with *this*
+schedule; continuing it under another config would give a run that is neither. At resume the trainer compares the
+`LINEAGE_KEYS` of the new config with the run's saved ``config.yaml`` (both with credentials redacted) and refuses a
+change with one line naming the key, before anything is loaded or rewritten. ``new_lineage=true`` continues anyway
+as a new lineage: the change (key, old and new value, the step it starts from) is appended to ``lineage.jsonl``.
+Keys that only say how to run (workers, logging, checkpoint cadence, devices, the launcher) may change freely.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("eigtrain.train")
+
+LINEAGE_FILE = "lineage.jsonl"
+LINEAGE_KEYS = (
+    "objective",
+    "nesting",
+    "model",
+    "optim",
+    "dim",
+    "batch_size",
+    "steps",  # the learning-rate schedule spans them
+    "seed",
+    "engine.name",
+    "engine.zero_stage",
+    *(
+        f"data.{key}"
+        for key in (
+            "root",
+            "shards",
+            "split",
+            "mode",
+            "image_size",
+            "view_size",
+            "resampled",
+            "augment",
+            "mean",
+            "std",
+            "image_key",
+            "label_key",
+            "x_key",
+            "a_key",
+            "image_fit",
+            "shuffle_block",
+            "mix_shards",
+        )
+    ),
+)
+_ABSENT = "<absent>"
+
+
+def _value(cfg: DictConfig, key: str) -> Any:
+    value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def changes(saved: DictConfig, new: DictConfig) -> dict[str, tuple[Any, Any]]:
+    """{key: (saved value, new value)} for every lineage key that differs."""
+    return {k: (_value(saved, k), _value(new, k)) for k in LINEAGE_KEYS if _value(saved, k) != _value(new, k)}
+
+
+def check_resume(run_dir: Path, new: DictConfig | dict, step: int, allow_new_lineage: bool) -> str:
+    """'' when resuming `run_dir` at `step` under `new` (redacted as config.yaml is) continues the same lineage, or
+    it may start a new one (recorded); else the one line refusing it."""
+    saved_path = Path(run_dir) / "config.yaml"
+    if not saved_path.is_file():  # a run from before config.yaml: nothing to compare with
+        return ""
+    try:
+        saved = OmegaConf.load(saved_path)
+    except Exception as error:  # YAML errors of every kind: the refusal names the file
+        return f"cannot read {saved_path}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+    changed = changes(saved, new if OmegaConf.is_config(new) else OmegaConf.create(new))
+    if not changed:
+        return ""
+    key, (old, value) = next(iter(changed.items()))
+    more = f" (and {', '.join(list(changed)[1:])})" if len(changed) > 1 else ""
+    if not allow_new_lineage:
+        return (
+            f"resuming {run_dir} at step {step} with {key} changed from {old!r} to {value!r}{more}: its checkpoints "
+            f"are steps of the config saved in {saved_path}; give the saved value, another run_dir, or "
+            f"new_lineage=true to continue from step {step} as a new lineage (recorded in {LINEAGE_FILE})"
+        )
+    record = {
+        "step": step,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "changed": {k: list(v) for k, v in changed.items()},
+    }
+    with open(Path(run_dir) / LINEAGE_FILE, "a") as f:
+        f.write(json.dumps(record, default=str) + "\n")
+    log.warning("new lineage from step %d: %s changed%s (recorded in %s)", step, key, more, LINEAGE_FILE)
+    return ""

@@ -1,0 +1,133 @@
+"""One writer per run directory, and readers that pruning cannot pull a checkpoint from under.
+
+Writer: the trainer (rank 0) holds an exclusive ``flock`` on ``run_dir/.eigtrain-lock`` for the whole run and writes
+its host, pid and start time into it. A second trainer is refused with one line naming the holder. A holder that
+dies (killed, node lost) needs no clean-up: the kernel releases a flock with the process's last descriptor, so the
+next trainer takes the lock and overwrites the stale holder line (on NFS, once the server expires the dead client's
+lease).
+
+Readers (eigtrain-rr, eigtrain-eval) hold a shared ``flock`` on the step directory's ownership file (or, for old
+checkpoints, its marker) while they read it; pruning deletes a step only under an exclusive, non-blocking lock of
+the same file, so a step being read is kept (and pruned by a later save).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Iterator
+
+LOCK_NAME = ".eigtrain-lock"
+
+
+class RunDirInUse(ValueError):
+    """Another process writes this run directory (one line naming it)."""
+
+
+class RunLock:
+    """The writer's lock on a run directory; `release` (or the process's end) frees it."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(self._fd, 4096).decode(errors="replace").strip()
+            self.release()
+            raise RunDirInUse(
+                f"{Path(run_dir)} is being written by another eigtrain-train ({_describe(holder)}): one writer per "
+                f"run directory; wait for it to end or choose another run_dir (a holder that died frees it by itself)"
+            ) from None
+        holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, (json.dumps(holder) + "\n").encode(), 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the last descriptor releases the flock
+            self._fd = None
+
+
+class WriterSlot:
+    """Context for a trainer: `take` the run directory's lock (rank 0); released when the block ends, however."""
+
+    def __init__(self):
+        self.lock: RunLock | None = None
+
+    def take(self, run_dir: Path) -> str:
+        """'' once held, or the one line naming the holder."""
+        try:
+            self.lock = RunLock(run_dir)
+        except RunDirInUse as refusal:
+            return str(refusal)
+        return ""
+
+    def __enter__(self) -> "WriterSlot":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+
+def _describe(holder: str) -> str:
+    try:
+        info = json.loads(holder)
+        return f"host {info['host']}, pid {info['pid']}, since {info['since']}"
+    except (ValueError, KeyError, TypeError):
+        return "holder unknown"
+
+
+def _pin_file(step: Path) -> Path | None:
+    from eigtrain.checkpoint import MARKER, OWNER
+
+    for name in (OWNER, MARKER):
+        if (Path(step) / name).is_file():
+            return Path(step) / name
+    return None
+
+
+@contextlib.contextmanager
+def pinned(step: Path) -> Iterator[bool]:
+    """Hold a shared lock on checkpoint `step` while reading it; yields whether it is still complete once pinned (a
+    pruner may have deleted it meanwhile: then read another). A step whose files cannot be opened for locking (a
+    read-only copy nobody prunes) is read unpinned."""
+    from eigtrain.checkpoint import is_complete
+
+    file = _pin_file(step)
+    try:
+        fd = os.open(file, os.O_RDONLY) if file else None
+    except OSError:
+        fd = None
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits for a pruner deleting it, which then leaves it incomplete
+        yield is_complete(step)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def unpinned(step: Path) -> Iterator[bool]:
+    """For the pruner: yields whether no reader pins `step`, holding it against new readers meanwhile."""
+    file = _pin_file(step)
+    if file is None:
+        yield True
+        return
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
