@@ -118,3 +118,19 @@ def test_cut_rule_flags_exact_ties_and_passes_clear_gaps():
     tie = [_cut_error([0.9, 0.7, 0.7, 0.5], 2000, seed) >= UNDETERMINED_AT for seed in range(20)]
     gap = [_cut_error([0.9, 0.75, 0.65, 0.5], 2000, seed) >= UNDETERMINED_AT for seed in range(20)]
     assert sum(tie) >= 16 and sum(gap) == 0, (sum(tie), sum(gap))
+
+
+def test_the_cholesky_whitening_is_the_range_solve(monkeypatch):
+    """A full-rank Gram is whitened by its Cholesky factor (cheaper); the result is the eigendecomposition path's."""
+    import eigtrain.rayleigh_ritz as rr
+
+    u1, u2 = latent_pairs(SPREAD[:8], 4000, 0)
+    m = mixing("anisotropic", 8, 0)
+    acc = RRAccumulator(8)
+    acc.update(torch.from_numpy(u1 @ m.T), torch.from_numpy(u2 @ m.T))
+    assert rr._cholesky_whitener(acc.view_moments(True)[0], 0.0, 1e-10, acc.n) is not None
+    fast = solve(acc)
+    monkeypatch.setattr(rr, "_cholesky_whitener", lambda *args: None)
+    slow = solve(acc)
+    torch.testing.assert_close(fast.eigenvalues, slow.eigenvalues, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(fast.transform, slow.transform, rtol=1e-7, atol=1e-9)
