@@ -140,6 +140,11 @@ class RRAccumulator:
         na, n = self._n, self._n + nb
         if nb == 0:
             return
+        if na == 0:  # the first part: its statistics as they are
+            self._c_ff.copy_(cff), self._c_gg.copy_(cgg), self._c_fg.copy_(cfg)
+            self._mean_f.copy_(mf), self._mean_g.copy_(mg)
+            self._n = nb
+            return
         df, dg = mf - self._mean_f, mg - self._mean_g
         w = na * nb / n
         self._c_ff += cff + w * torch.outer(df, df)

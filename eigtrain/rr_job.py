@@ -151,10 +151,10 @@ def parse_args(argv: list[str]) -> RRJobConfig:
 def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, block: int | None = None, folds: int = 0):
     """Accumulate this rank's contiguous share of the rows of stored pairs z1, z2 (an npz, a safetensors file or
     a directory of chunks, streamed); returns (acc, total rows). folds: also per fold (the global row mod folds).
-    block: rows read at a time (default: 256 MiB of float64 per view, at most 65,536 rows)."""
+    block: rows read at a time (default: 512 MiB of float64 per view, at most 65,536 rows)."""
     chunks = embedding_files.open_chunks(path)
     d1, d2 = embedding_files.widths(chunks)
-    block = block or max(256, min(65536, (1 << 25) // max(d1, d2)))
+    block = block or max(256, min(65536, (1 << 26) // max(d1, d2)))
     if not pairs and d1 != d2:
         raise ValueError(
             f"{path}: z1 and z2 have widths {d1} and {d2}; one-encoder modes need equal widths, use mode=svd for two encoders"
