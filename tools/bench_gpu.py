@@ -42,13 +42,14 @@ from bench_timing import driver_device_name, host_syncs_per_step, summary, sync_
 
 from eigtrain.data import build_augment
 from eigtrain.data import from_config as data_setup
+from eigtrain.data.augment_draws import Sampler
 from eigtrain.data.augment_recipes import PRESETS
 from eigtrain.engine import build_engine
 from eigtrain.engine.base import enable_cuda_fast_paths
 from eigtrain.models import build_encoder
 from eigtrain.objectives import build_objective
 from eigtrain.step_inputs import StepInputs
-from eigtrain.train import compose_config, make_loss_fn
+from eigtrain.train import compose_config, make_loss_fn, view_options
 
 # Dense bf16 tensor-core peaks (TFLOP/s) by device name; --peak-tflops overrides.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
@@ -107,6 +108,7 @@ def case_config(
     workers: int,
     root: Path | str = "unused",
     extra: tuple[str, ...] = (),
+    compile_mode: str = "default",
 ):
     augment = "cifar" if size <= 64 else "imagenet"
     overrides = [
@@ -117,6 +119,7 @@ def case_config(
         f"data.augment={augment}",
         "data.write_if_missing=null",
         f"engine.compile={str(compile).lower()}",
+        f"engine.compile_mode={compile_mode}",
         f"data.num_workers={workers}",
         f"data.image_size=[{size},{size}]",
         "data.mean=[0.5,0.5,0.5]",
@@ -135,7 +138,8 @@ def trainer_pieces(cfg, size: int, batch: int, device: torch.device):
     encoder = build_encoder(cfg.model, cfg.dim, (3, size, size))
     engine = build_engine(cfg.engine, cfg.optim, encoder, device=device, micro_batch_size=batch, grad_accum_steps=1)
     objective = build_objective("scl", cfg.dim).to(device)
-    augment = build_augment(cfg.data.augment, mean=tuple(cfg.data.mean), std=tuple(cfg.data.std)).to(device)
+    mean, std = tuple(cfg.data.mean), tuple(cfg.data.std)
+    augment = build_augment(cfg.data.augment, mean=mean, std=std, **view_options(cfg.data, engine)).to(device)
     generator = torch.Generator(device=device).manual_seed(0)
     inputs = StepInputs(
         augment,
@@ -180,7 +184,7 @@ def reference_model(model: str, size: int, dim: int) -> torch.nn.Module:
     return net
 
 
-def reference_step(model: str, size: int, batch: int, dim: int, device: torch.device, compile: bool):
+def reference_step(model: str, size: int, batch: int, dim: int, device: torch.device, compile: bool, mode: str):
     """The bare model's training step on both views (2 x batch), compiled like the trainer's encoder when it is."""
     net = reference_model(model, size, dim).to(device).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
@@ -188,9 +192,11 @@ def reference_step(model: str, size: int, batch: int, dim: int, device: torch.de
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     autocast = lambda: torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda")  # noqa: E731
     flops = forward_flops(net, x, autocast)
-    module = torch.compile(net) if compile else net
+    module = torch.compile(net, mode=mode) if compile else net
 
     def step():
+        if compile and mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
         with autocast():
             loss = module(x).float().square().mean()
         opt.zero_grad(set_to_none=True)
@@ -238,17 +244,53 @@ class Report:
             tmp.replace(self.out)
 
 
-def preset_syncs(batch: torch.Tensor, device: torch.device) -> dict:
-    """Host synchronisations of each augmentation preset alone (both views), per call, and where they come from."""
+def device_ops(call, device: torch.device) -> int | None:
+    """Kernels (and copies) one call puts on the GPU, counted by the profiler; None on the CPU."""
+    if device.type != "cuda":
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize(device)
+    return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+
+
+def preset_checks(batch: torch.Tensor, device: torch.device, compiled_preset: str, options: dict) -> dict:
+    """For every augmentation preset alone (both views of `batch`, eager): host synchronisations per call (and where
+    from) and GPU kernels per call; for the case's own preset (`options`: the trainer's, so the compiled graph is
+    shared with its step) also compiled: syncs, kernels, compile seconds and the largest |compiled - eager|."""
     out = {}
     generator = torch.Generator(device=device).manual_seed(0)
     for preset in PRESETS:
-        channels = 1 if preset == "digits" else 3
-        augment = build_augment(preset).to(device)
-        images = batch[:, :channels].contiguous()
-        call = lambda: augment(images, generator=generator)  # noqa: E731
-        call()  # warm-up (a compiled augmentation compiles here)
-        out[preset] = {"host_syncs_per_call": host_syncs_per_step(call, device), "from": sync_sources(call, device)}
+        images = batch[:, : 1 if preset == "digits" else 3].contiguous()
+        view = {**options, "compile": False}
+        eager = build_augment(preset, **view).to(device)
+        call = lambda: eager(images, generator=generator)  # noqa: E731
+        found = {
+            "host_syncs_per_call": host_syncs_per_step(call, device),
+            "from": sync_sources(call, device),
+            "gpu_ops_per_call_eager": device_ops(call, device),
+        }
+        if preset == compiled_preset and options.get("compile"):
+            compiled = build_augment(preset, **options).to(device)
+            block = torch.rand(images.shape[0], Sampler.BLOCK, device=device, generator=generator)
+            t0 = time.perf_counter()
+            views = [compiled.batched(images, block, i) for i in (0, 1)]  # compiles here (or falls back, warning)
+            found["compile_s"] = time.perf_counter() - t0
+            found["compiled"] = compiled.compile
+            diffs = [
+                (v.float() - eager.batched(images, block, i).float()).abs().max().item() for i, v in enumerate(views)
+            ]
+            call = lambda: compiled(images, generator=generator)  # noqa: E731
+            found.update(
+                max_abs_compiled_minus_eager=max(diffs),
+                host_syncs_per_call_compiled=host_syncs_per_step(call, device),
+                gpu_ops_per_call_compiled=device_ops(call, device),
+            )
+        out[preset] = found
     return out
 
 
@@ -271,6 +313,7 @@ def bench_case(
     peak: float | None,
     workers: int,
     report: Report,
+    compile_mode: str = "default",
 ) -> None:
     case = {
         "model": model,
@@ -280,10 +323,11 @@ def bench_case(
         "repeats": timing.repeats,
         "warmup": timing.warmup,
         "compile": compile,
+        "compile_mode": compile_mode if compile else None,
         "modes": {},
     }
     report.data["results"].append(case)
-    base = case_config(model, size, batch, compile, workers)
+    base = case_config(model, size, batch, compile, workers, compile_mode=compile_mode)
     engine, loss_fn, inputs = trainer_pieces(base, size, batch, device)
     x = torch.zeros(2 * batch, 3, size, size, device=device).to(memory_format=torch.channels_last)
     trainer_flops = 3.0 * forward_flops(engine.model, x, engine.autocast)
@@ -307,7 +351,7 @@ def bench_case(
 
     def loader(fmt: str):
         decode = ["data.decode=cuda"] if fmt == "jpeg" and device.type == "cuda" else []
-        cfg = case_config(model, size, batch, compile, workers, shards[fmt](), tuple(decode))
+        cfg = case_config(model, size, batch, compile, workers, shards[fmt](), tuple(decode), compile_mode)
         stream = data_setup.build_stream(cfg.data, batch_size=batch, rank=0, world_size=1, seed=0, device=device)
         return (b["image"] for b in stream)
 
@@ -321,12 +365,13 @@ def bench_case(
             del batches
         same = iter(lambda: resident, None)
         if mode == "presets":
-            case["modes"][mode] = {"presets": preset_syncs(resident, device)}
+            options = view_options(base.data, engine)
+            case["modes"][mode] = {"presets": preset_checks(resident, device, base.data.augment, options)}
             report.write()
         elif mode == "synthetic":
             record(mode, trainer_step(engine, loss_fn, inputs, same, device), trainer_flops)
         elif mode == "reference":
-            step, fwd = reference_step(model, size, batch, base.dim, device, compile)
+            step, fwd = reference_step(model, size, batch, base.dim, device, compile, compile_mode)
             record(mode, step, 3.0 * fwd)
         elif mode in ("jpeg", "png"):
             batches = loader(mode)
@@ -367,6 +412,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--images", type=int, default=2048, help="train images of the generated shards")
     parser.add_argument("--compile", action="store_true", help="engine.compile=true, and the reference compiled")
+    parser.add_argument(
+        "--compile-mode", default="default", help="engine.compile_mode (and the reference's), e.g. reduce-overhead"
+    )
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="loader workers")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak (default: by name)")
     parser.add_argument("--budget-s", type=float, default=None, help="start no measurement after this many seconds")
@@ -390,7 +438,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"bench_gpu: unknown modes {unknown}; known: {', '.join(MODES)}")
     if args.dry_run:
-        cases, timing, images, workers = [("resnet18", 16, 4)], Timing(2, 2, 1), 16, 0
+        cases, timing, images, workers = [("resnet18", 16, 4)], Timing(1, 2, 1), 16, 0
     else:
         cases = [(m, int(s), int(b)) for m, s, b in (c.split(":") for c in args.cases.split(","))]
         timing, images, workers = Timing(args.steps, args.repeats, args.warmup), args.images, args.workers
@@ -419,7 +467,7 @@ def main() -> None:
             try:
                 bench_case(
                     model, size, batch, modes, shards, device, timing, args.compile, head["peak_bf16_tflops"],
-                    workers, report,
+                    workers, report, args.compile_mode,
                 )  # fmt: skip
             except Exception as e:  # e.g. the model does not fit: the next case still runs
                 report.data["results"].append(

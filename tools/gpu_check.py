@@ -60,16 +60,16 @@ def throughput_steps(py: str, logs: Path) -> list[Step]:
     step starts no measurement it cannot finish (--budget-s from its box, clipped to what is left of the deadline)."""
     bench = [py, str(REPO / "tools" / "bench_gpu.py")]
     plan = [
-        ("p_r18_eager", 110, "resnet18:32:512", "presets,synthetic,reference,png,jpeg", False,
+        ("p_r18_eager", 120, "resnet18:32:512", "presets,synthetic,reference,png,jpeg", False,
          "ResNet-18 32 px b512 eager: host syncs of every preset; in memory, bare reference, PNG, JPEG shards"),
-        ("p_r50_eager", 100, "resnet50:224:256", "synthetic,reference", False,
-         "ResNet-50 224 px b256 eager: in memory and the bare reference"),
+        ("p_r50_eager", 230, "resnet50:224:256", "presets,synthetic,reference,png,jpeg", False,
+         "ResNet-50 224 px b256 eager: imagenet preset compiled; in memory, bare reference, PNG, JPEG shards (nvJPEG)"),
         ("p_r50_compiled", 170, "resnet50:224:256", "synthetic,reference", True,
          "ResNet-50 224 px b256 compiled (trainer and reference): the 5,500 views/s target"),
-        ("p_r50_shards", 120, "resnet50:224:256", "png,jpeg", False,
-         "ResNet-50 224 px b256 eager from PNG and JPEG shards (nvJPEG)"),
         ("p_r18_compiled", 90, "resnet18:32:512", "synthetic,reference", True,
          "ResNet-18 32 px b512 compiled (trainer and reference)"),
+        ("p_r18_cudagraphs", 90, "resnet18:32:512", "synthetic,reference", "reduce-overhead",
+         "ResNet-18 32 px b512 compiled with CUDA graphs (engine.compile_mode=reduce-overhead; the reference too)"),
     ]  # fmt: skip
     return [
         Step(
@@ -78,6 +78,7 @@ def throughput_steps(py: str, logs: Path) -> list[Step]:
             box,
             what,
             [*bench, "--cases", cases, "--modes", modes, *(["--compile"] if compiled else [])]
+            + (["--compile-mode", compiled] if isinstance(compiled, str) else [])
             + ["--out", str(logs / f"{name}.json")],
             budget_margin_s=45 if "r50" in name else 25,
         )
@@ -361,9 +362,11 @@ def bench_lines(figures: dict) -> list[str]:
     device = figures.get("device", "?")
     targets = []
     for case in figures.get("results", []):
-        modes, compiled = case.get("modes", {}), "yes" if case.get("compile") else "no"
-        ref = modes.get("reference", {}).get("views_per_s")
-        where = f"{case['model']}@{case['image_size']} {'compiled' if case.get('compile') else 'eager'}"
+        mode_name = case.get("compile_mode") or "default"
+        compiled = ("yes" if mode_name == "default" else mode_name) if case.get("compile") else "no"
+        modes, ref = case.get("modes", {}), case.get("modes", {}).get("reference", {}).get("views_per_s")
+        label = ("compiled" if mode_name == "default" else f"compiled {mode_name}") if case.get("compile") else "eager"
+        where = f"{case['model']}@{case['image_size']} {label}"
         for mode, m in modes.items():
             vps = m.get("views_per_s")
             if vps is None:
@@ -389,10 +392,15 @@ def bench_lines(figures: dict) -> list[str]:
             )
         for preset, p in modes.get("presets", {}).get("presets", {}).items():
             source = f" (from {', '.join(p['from'])})" if p.get("from") else ""
-            lines_after = (
-                f"- host syncs per call of the {preset} augmentation alone: {fmt(p.get('host_syncs_per_call'), 1)}"
-            )
-            targets.append(lines_after + source)
+            line = f"- {preset} augmentation alone (both views): host syncs per call {fmt(p.get('host_syncs_per_call'), 1)}"
+            line += f"{source}; GPU ops per call {fmt(p.get('gpu_ops_per_call_eager'))} eager"
+            if "compile_s" in p:
+                line += (
+                    f", {fmt(p.get('gpu_ops_per_call_compiled'))} compiled ({'compiled' if p.get('compiled') else 'FELL BACK to eager'}"
+                    f" in {fmt(p.get('compile_s'), 1)} s; host syncs {fmt(p.get('host_syncs_per_call_compiled'), 1)}; "
+                    f"max |compiled - eager| {fmt(p.get('max_abs_compiled_minus_eager'), 4)})"
+                )
+            targets.append(line)
     lines += ["", *targets]
     for case in figures.get("results", []):
         errors = [("", case["error"])] if case.get("error") else []
