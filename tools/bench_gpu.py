@@ -6,7 +6,7 @@ guarded optimizer update) in modes:
   - synthetic: one uint8 batch that already lives on the GPU (no loader, no copy): the trainer's compute-bound rate;
   - reference: bare torchvision <model> forward + backward of both views (2 x batch tensors in memory, bf16
     autocast, channels_last, SGD), compiled when the trainer is (--compile): the ceiling the trainer is compared with;
-  - jpeg: the training loader over JPEG shards, decoded by nvJPEG on the GPU (data.decode=cuda) + GPU augmentation;
+  - jpeg: the training loader over JPEG shards, data.decode=auto (nvJPEG on the GPU above 64 px, else the workers);
   - png: the training loader over PNG shards (decoded in the loader workers);
   - ddp: the synthetic step with the model inside DistributedDataParallel (a 1-rank group), against bare;
   - presets: no timing: host synchronisations of the augmentation alone, for every preset (CUDA sync-debug mode).
@@ -350,7 +350,7 @@ def bench_case(
         )
 
     def loader(fmt: str):
-        decode = ["data.decode=cuda"] if fmt == "jpeg" and device.type == "cuda" else []
+        decode = ["data.decode=auto"] if fmt == "jpeg" and device.type == "cuda" else []  # nvJPEG above 64 px
         cfg = case_config(model, size, batch, compile, workers, shards[fmt](), tuple(decode), compile_mode)
         stream = data_setup.build_stream(cfg.data, batch_size=batch, rank=0, world_size=1, seed=0, device=device)
         return (b["image"] for b in stream)

@@ -61,7 +61,7 @@ def throughput_steps(py: str, logs: Path) -> list[Step]:
     bench = [py, str(REPO / "tools" / "bench_gpu.py")]
     plan = [
         ("p_r18_eager", 120, "resnet18:32:512", "presets,synthetic,reference,png,jpeg", False,
-         "ResNet-18 32 px b512 eager: host syncs of every preset; in memory, bare reference, PNG, JPEG shards"),
+         "ResNet-18 32 px b512 eager: host syncs of every preset; in memory, bare reference, PNG, JPEG shards (decode=auto: workers)"),
         ("p_r50_eager", 230, "resnet50:224:256", "presets,synthetic,reference,png,jpeg", False,
          "ResNet-50 224 px b256 eager: imagenet preset compiled; in memory, bare reference, PNG, JPEG shards (nvJPEG)"),
         ("p_r50_compiled", 170, "resnet50:224:256", "synthetic,reference", True,
@@ -561,7 +561,8 @@ def main(argv: list[str] | None = None) -> int:
     # merge with an earlier part: its state in logs/ (git-ignored, so it stays on a machine whose tree is re-synced
     # between commands), else a report.json put back in OUT_DIR
     previous = next((p for p in (logs / "report_state.json", out / "report.json") if p.exists()), None)
-    report = json.loads(previous.read_text()) if previous and not args.dry_run and gpus else {"steps": {}}
+    merge = previous and not args.dry_run and gpus and args.part != 3  # part 3 (the benchmark alone) starts afresh
+    report = json.loads(previous.read_text()) if merge else {"steps": {}}
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     report.update(
         versions=versions,
