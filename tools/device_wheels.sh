@@ -31,11 +31,14 @@ fi
 out=$repo/.whl
 pyver=3.12
 limit_mib=64
+pure_from=
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift 2 ;;
     --python-version) pyver=$2; shift 2 ;;
-    *) echo "device_wheels: unknown argument $1 (known: --out DIR, --python-version X.Y)" >&2; exit 2 ;;
+    --pure-from) pure_from=$2; shift 2 ;;  # take the pure-Python wheels (built ones) from an earlier --out
+    *) echo "device_wheels: unknown argument $1 (known: --out DIR, --python-version X.Y, --pure-from DIR)" >&2
+       exit 2 ;;
   esac
 done
 
@@ -73,9 +76,13 @@ mapfile -t binary < <(pinned "${BINARY[@]}")
 
 echo "device_wheels: building ${SOURCE[*]} (pure Python; DeepSpeed without ops) and eigtrain"
 mapfile -t source < <(pinned "${SOURCE[@]}")
-DS_BUILD_OPS=0 "$py" -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w "$out" "${source[@]}" \
-  2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
-bash "$repo/tools/ci_wheel.sh" --build "$out"
+if [ -n "$pure_from" ]; then  # py3-none-any wheels serve every Python: no second build (CI builds for two)
+  cp "$pure_from"/deepspeed-*.whl "$pure_from"/antlr4_python3_runtime-*.whl "$pure_from"/eigtrain-*.whl "$out"/
+else
+  DS_BUILD_OPS=0 "$py" -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w "$out" \
+    "${source[@]}" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+  bash "$repo/tools/ci_wheel.sh" --build "$out"
+fi
 
 count=$(ls "$out"/*.whl | wc -l)
 bytes=$(cat "$out"/*.whl | wc -c)

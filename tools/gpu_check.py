@@ -136,6 +136,8 @@ def cuda_steps(py: str, runs: Path, logs: Path) -> list[Step]:
                 "--compile",
                 "--steps",
                 "20",
+                "--repeats",
+                "1",
                 "--warmup",
                 "5",
                 "--out",
@@ -146,9 +148,9 @@ def cuda_steps(py: str, runs: Path, logs: Path) -> list[Step]:
             "b_bench_gpu",
             1,
             270,
-            "bench_gpu.py: ResNet-18 32 px b512, ResNet-50 224 px b256; in memory, JPEG "
+            "bench_gpu.py (quick: 30 steps, 1 repeat; part 3 is the full benchmark): ResNet-18 32 px b512, ResNet-50 224 px b256; in memory, JPEG "
             "shards (nvJPEG + GPU augmentation), PNG shards, DDP wrapper vs bare, bare torchvision reference, MFU",
-            [*bench, "--budget-s", "240", "--out", str(logs / "b_bench_gpu.json")],
+            [*bench, "--steps", "30", "--repeats", "1", "--budget-s", "240", "--out", str(logs / "b_bench_gpu.json")],
         ),
         Step(
             "c_host_syncs_per_step",

@@ -101,6 +101,7 @@ class BatchAugment(nn.Module):
             return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
         return self.batched(images, block, index, sizes)
 
+    @torch.no_grad()
     def batched(
         self, images: torch.Tensor, block: torch.Tensor, index: int = 0, sizes: torch.Tensor | None = None
     ) -> torch.Tensor:

@@ -111,3 +111,16 @@ def test_one_random_draw_per_view_and_a_bound_on_the_eager_launches(monkeypatch)
         augment(images, generator=torch.Generator().manual_seed(0))
     assert ops.rand == 2
     assert ops.count <= 1000, ops.count
+
+
+def test_the_trainer_compiles_bf16_channels_last_views_on_cuda_only():
+    from types import SimpleNamespace
+
+    from eigtrain.train import view_options
+
+    data = SimpleNamespace(augment_compile=None)
+    cuda = SimpleNamespace(device=torch.device("cuda"), autocast_dtype=torch.bfloat16, channels_last=True)
+    cpu = SimpleNamespace(device=torch.device("cpu"), autocast_dtype=None, channels_last=False)
+    assert view_options(data, cuda) == {"compile": True, "dtype": torch.bfloat16, "channels_last": True}
+    assert view_options(data, cpu) == {"compile": False}  # fp32, eager: the documented CPU views
+    assert view_options(SimpleNamespace(augment_compile=False), cuda)["compile"] is False
