@@ -362,7 +362,12 @@ def bench_lines(figures: dict) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     device = figures.get("device", "?")
-    targets = []
+    first = (figures.get("results") or [{}])[0]
+    targets = [
+        f"- device {device} (driver: {figures.get('device_driver_name', '-')}, {figures.get('driver', '-')}); "
+        f"timer: {figures.get('timer', '-')}; {first.get('steps')} steps x {first.get('repeats')} repeats after "
+        f"{first.get('warmup')} warm-up steps; views/s = 2 x pairs/s; range: slowest-fastest repeat"
+    ]
     for case in figures.get("results", []):
         mode_name = case.get("compile_mode") or "default"
         compiled = ("yes" if mode_name == "default" else mode_name) if case.get("compile") else "no"
