@@ -197,7 +197,8 @@ def _setup(
         cache_dir=run_dir / "data",
     )
     mean, std = (tuple(v) if v else None for v in (data.mean, data.std))
-    augment = build_augment(data.augment, image_size=data.view_size, mean=mean, std=std).to(device)
+    augment = build_augment(data.augment, image_size=data.view_size, mean=mean, std=std, **view_options(data, engine))
+    augment = augment.to(device)
     generator = torch.Generator(device=device)
     generator.manual_seed(random_state.seed_all(cfg.seed, rank, 1))  # per-rank randomness from here on
     log.info(
@@ -222,6 +223,17 @@ def _setup(
     )
     model_info = {"dim": cfg.dim, "input_shape": list(x_shape), "context_shape": list(a_shape) if a_shape else None}
     return _resume(cfg, env, device, engine, make_loss_fn(engine, objective, pairs), inputs, stream, model_info)
+
+
+def view_options(data, engine) -> dict[str, Any]:
+    """How the augmentation hands the views over on CUDA: compiled (data.augment_compile, null: on), in the encoder's
+    autocast dtype and memory layout (what autocast and the encoder would make of them anyway). On the CPU: fp32,
+    eager, as documented (bit-identical resume)."""
+    if engine.device.type != "cuda":
+        return {"compile": bool(data.augment_compile)}
+    dtype = engine.autocast_dtype or torch.float32
+    compile = True if data.augment_compile is None else bool(data.augment_compile)
+    return {"compile": compile, "dtype": dtype, "channels_last": bool(engine.channels_last)}
 
 
 def _resume(

@@ -20,7 +20,7 @@ t0=$SECONDS
 
 PYTHON=$py bash "$repo/tools/device_wheels.sh" --python-version 3.12 --out "$work/whl312"
 here=$("$py" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
-PYTHON=$py bash "$repo/tools/device_wheels.sh" --python-version "$here" --out "$work/whl"
+PYTHON=$py bash "$repo/tools/device_wheels.sh" --python-version "$here" --out "$work/whl" --pure-from "$work/whl312"
 
 "$py" -m venv "$work/venv"  # with pip (ensurepip's bundled wheel: no network)
 "$py" - "$work/image" <<'PY'

@@ -10,7 +10,8 @@
 # the total and fails above it. tools/gpu_check.sh installs from it with `pip install --no-index --no-deps
 # --target`, taking from .whl/ only what the image lacks (or holds too old), never torch/torchvision/numpy.
 #
-# Versions are pinned to this checkout's .venv (the versions CI tests). Binary wheels are downloaded for the
+# Versions are pinned to this checkout's .venv (the versions CI tests), which this script sets up (pip install -e
+# '.[dev]', as tools/lint.sh) when it is missing or lacks a package; PYTHON=... pins to another environment. Binary wheels are downloaded for the
 # target Python and platform (--only-binary=:all:); the two source-only distributions (deepspeed, without its
 # CUDA ops: DS_BUILD_OPS=0; antlr4-python3-runtime) are built here into pure-Python wheels; eigtrain's wheel is
 # built from this tree (gpu_check.sh rebuilds it on the device from the tree that travelled, and falls back to
@@ -18,14 +19,26 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-$repo/.venv/bin/python}
+if [ -z "${PYTHON:-}" ] && ! "$py" -c "import importlib.util as u, sys
+sys.exit(any(u.find_spec(m) is None for m in ('eigtrain', 'deepspeed', 'hydra', 'kornia', 'webdataset')))" 2>/dev/null
+then
+  # no quickstart venv (or an incomplete one): make it as tools/lint.sh and the quickstart do; its versions are CI's
+  echo "device_wheels: $py lacks eigtrain's packages: setting up $repo/.venv (pip install -e '.[dev]')" >&2
+  [ -x "$repo/.venv/bin/python" ] || python3 -m venv "$repo/.venv"
+  py=$repo/.venv/bin/python
+  "$py" -m pip install -q --disable-pip-version-check -e "$repo[dev]"
+fi
 out=$repo/.whl
 pyver=3.12
 limit_mib=64
+pure_from=
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift 2 ;;
     --python-version) pyver=$2; shift 2 ;;
-    *) echo "device_wheels: unknown argument $1 (known: --out DIR, --python-version X.Y)" >&2; exit 2 ;;
+    --pure-from) pure_from=$2; shift 2 ;;  # take the pure-Python wheels (built ones) from an earlier --out
+    *) echo "device_wheels: unknown argument $1 (known: --out DIR, --python-version X.Y, --pure-from DIR)" >&2
+       exit 2 ;;
   esac
 done
 
@@ -63,9 +76,13 @@ mapfile -t binary < <(pinned "${BINARY[@]}")
 
 echo "device_wheels: building ${SOURCE[*]} (pure Python; DeepSpeed without ops) and eigtrain"
 mapfile -t source < <(pinned "${SOURCE[@]}")
-DS_BUILD_OPS=0 "$py" -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w "$out" "${source[@]}" \
-  2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
-bash "$repo/tools/ci_wheel.sh" --build "$out"
+if [ -n "$pure_from" ]; then  # py3-none-any wheels serve every Python: no second build (CI builds for two)
+  cp "$pure_from"/deepspeed-*.whl "$pure_from"/antlr4_python3_runtime-*.whl "$pure_from"/eigtrain-*.whl "$out"/
+else
+  DS_BUILD_OPS=0 "$py" -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w "$out" \
+    "${source[@]}" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+  bash "$repo/tools/ci_wheel.sh" --build "$out"
+fi
 
 count=$(ls "$out"/*.whl | wc -l)
 bytes=$(cat "$out"/*.whl | wc -c)

@@ -4,12 +4,13 @@
     view1, view2 = augment(images_uint8, generator=torch.Generator(device).manual_seed(0))
 
 Every random number comes from the `generator` passed in (the global RNG of the images' device when it is None;
-a list of CPU generators, one per sample, makes each sample's views independent of its batch), a fixed number of
-draws per call whatever the data, so the trainer's RNG state in a checkpoint makes the views
+a list of CPU generators, one per sample, makes each sample's views independent of its batch), one block of
+`Sampler.BLOCK` numbers per sample and view whatever the data, so the trainer's RNG state in a checkpoint makes the views
 bit-identical after a resume on CPU. The semantics follow torchvision's transforms (RandomResizedCrop,
 RandomHorizontalFlip, ColorJitter with a random order of its four operations per sample, RandomGrayscale,
 GaussianBlur, RandomSolarize). Two paths with the same draws:
-- on an accelerator, every operation runs on the whole batch and torch.where keeps it per sample (no host
+- on an accelerator, a pure function of (images, random block) (`augment_batched`, compiled into one graph per
+  view with `compile`): every operation runs on the whole batch and torch.where keeps it per sample (no host
   synchronisation); crops are continuous boxes resampled by one grid_sample (no antialiasing, so keep the stored
   or worker-resized images close to the output size);
 - on the CPU, cache-sized chunks, each operation only on the samples that drew it; outputs above 64x64 are
@@ -22,11 +23,14 @@ The random draws are `augment_draws`, the operations `augment_ops`.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
+from .augment_batched import batched_view, compiled_view
 from .augment_draws import Draws, Generators, Sampler, draw
-from .augment_ops import colour_blur_solarize, crop_one, resample, select, where
+from .augment_ops import colour_blur_solarize, crop_one, resample, select
 from .augment_recipes import NORMALIZATION, PRESETS, ViewRecipe
 
 
@@ -35,15 +39,27 @@ def build_augment(
     image_size: int | tuple[int, int] | None = None,
     mean: tuple[float, ...] | None = None,
     std: tuple[float, ...] | None = None,
+    *,
+    compile: bool = False,
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = False,
 ) -> "BatchAugment":
-    """The augmentation module of a preset; `image_size` is the output size (None: the input size)."""
+    """The augmentation module of a preset; `image_size` is the output size (None: the input size). compile: the
+    accelerator path as one compiled graph per view (`augment_batched`); dtype, channels_last: the views' dtype and
+    memory layout (bf16 channels_last for a bf16 convolutional encoder: autocast would cast them anyway)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown augmentation preset {preset!r}; allowed: {sorted(PRESETS)}")
     default_mean, default_std = NORMALIZATION[preset]
-    return BatchAugment(PRESETS[preset], image_size, mean or default_mean, std or default_std)
+    augment = BatchAugment(PRESETS[preset], image_size, mean or default_mean, std or default_std)
+    augment.compile, augment.dtype, augment.channels_last = compile, dtype, channels_last
+    return augment
 
 
 class BatchAugment(nn.Module):
+    compile = False  # the accelerator path compiled (`build_augment`)
+    dtype = torch.float32  # the views' dtype
+    channels_last = False  # the views' memory layout
+
     def __init__(self, views: tuple[ViewRecipe, ViewRecipe], image_size, mean, std):
         super().__init__()
         if len(mean) != len(std):
@@ -78,12 +94,29 @@ class BatchAugment(nn.Module):
             raise ValueError(f"images have {channels} channels but mean/std have {self.mean.shape[1]} values")
         recipe = self.views[index]
         size = self.image_size or tuple(images.shape[-2:])
-        draws = draw(recipe, Sampler(generator, images.device, images.shape[0]), images.shape, size, sizes)
+        block = Sampler(generator, images.device, images.shape[0]).random_block()  # the view's random numbers
         if host_reads_are_free(images.device) and not (recipe.crop_scale is None and sizes is None):
-            return self._view_per_image(images, recipe, draws, size, sizes)
-        x = images.float().div_(255)
-        x = resample(x, recipe, draws, size, sizes)
-        return self._normalize(colour_blur_solarize(x, recipe, draws, where))
+            draws = draw(recipe, Sampler.from_block(block), images.shape, size, sizes)
+            x = self._view_per_image(images, recipe, draws, size, sizes).to(self.dtype)
+            return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+        return self.batched(images, block, index, sizes)
+
+    @torch.no_grad()
+    def batched(
+        self, images: torch.Tensor, block: torch.Tensor, index: int = 0, sizes: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The accelerator path of view `index` from its random block: every operation on the whole batch, kept per
+        sample with `where` (no host synchronisation); compiled into one graph when `compile` is set."""
+        size = tuple(self.image_size or images.shape[-2:])
+        recipe, options = self.views[index], (size, self.dtype, self.channels_last)
+        if self.compile:
+            try:
+                return compiled_view(recipe, *options)(images, block, sizes, self.mean, self.std)
+            except Exception as exn:  # a compiler that fails here must not stop training: the same views, eager
+                warnings.warn(f"augmentation not compiled ({type(exn).__name__}: {str(exn)[:200]}); running eager")
+                self.compile = False
+        return batched_view(images, block, sizes, self.mean, self.std, recipe=recipe, size=size, dtype=self.dtype,
+                            channels_last=self.channels_last)  # fmt: skip
 
     def _view_per_image(self, images, recipe: ViewRecipe, draws: "Draws", size, sizes) -> torch.Tensor:
         """The CPU path: per-sample operations on cache-sized chunks, each computed only for the samples that drew

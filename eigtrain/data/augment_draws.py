@@ -60,35 +60,48 @@ Generators = torch.Generator | list[torch.Generator] | None  # one for the batch
 
 
 class Sampler:
-    """Per-sample random numbers, on the data's device, from one generator for the whole batch or from one CPU
-    generator per sample (a list): then each sample's draws depend on its own generator only, not on the batch
-    it came in (eigtrain-rr's views, `eigtrain.embed.sample_generators`)."""
+    """Per-sample random numbers, on the data's device, taken in order from one block of `BLOCK` uniform numbers per
+    sample: drawn at once from one generator for the whole batch (a (B, BLOCK) tensor: one call per view, whatever
+    the recipe), or from one CPU generator per sample (a list: then each sample's draws depend on its own generator
+    only, not on the batch it came in: eigtrain-rr's views, `eigtrain.embed.sample_generators`), or given
+    (`from_block`: the compiled augmentation takes the block as an input)."""
 
-    BLOCK = 64  # per-sample numbers drawn at once (one view uses ~40): one small call per sample, not per draw
+    BLOCK = 64  # per-sample numbers of one view (a view uses at most 36)
 
     def __init__(self, generator: Generators, device: torch.device, batch: int):
         self.generator, self.device, self.batch = generator, device, batch
         if isinstance(generator, list) and len(generator) != batch:
             raise ValueError(f"{len(generator)} per-sample generators for a batch of {batch}")
         self.source = generator.device if isinstance(generator, torch.Generator) else device
-        self.stock: torch.Tensor | None = None  # per-sample mode: each row the next numbers of its sample's generator
+        self.block: torch.Tensor | None = None
+        self.used = 0
+
+    @classmethod
+    def from_block(cls, block: torch.Tensor) -> "Sampler":
+        sampler = cls(None, block.device, block.shape[0])
+        sampler.block = block
+        return sampler
+
+    def random_block(self) -> torch.Tensor:
+        """The view's (B, BLOCK) uniform numbers on the data's device: drawn on first use, then the same."""
+        if self.block is None:
+            if isinstance(self.generator, list):
+                block = torch.stack([torch.rand(self.BLOCK, generator=g) for g in self.generator])
+            else:
+                block = torch.rand((self.batch, self.BLOCK), generator=self.generator, device=self.source)
+            self.block = block.to(self.device, non_blocking=True)  # usually already there
+        return self.block
 
     def uniform(self, lo: float, hi: float, *shape: int) -> torch.Tensor:
-        if isinstance(self.generator, list):
-            u = self._take(math.prod(shape)).reshape(self.batch, *shape)
-        else:
-            u = torch.rand((self.batch, *shape), generator=self.generator, device=self.source)
-        return (lo + (hi - lo) * u).to(self.device, non_blocking=True)  # usually already there
+        count = math.prod(shape)
+        if self.used + count > self.BLOCK:
+            raise RuntimeError(f"a view draws more than {self.BLOCK} numbers per sample")
+        u = self.random_block()[:, self.used : self.used + count].reshape(self.batch, *shape)
+        self.used += count
+        return lo + (hi - lo) * u
 
     def bernoulli(self, p: float) -> torch.Tensor:
         return self.uniform(0.0, 1.0) < p
-
-    def _take(self, count: int) -> torch.Tensor:
-        while self.stock is None or self.stock.shape[1] < count:
-            block = torch.stack([torch.rand(self.BLOCK, generator=g) for g in self.generator])
-            self.stock = block if self.stock is None else torch.cat([self.stock, block], 1)
-        taken, self.stock = self.stock[:, :count], self.stock[:, count:]
-        return taken
 
 
 def draw(recipe: ViewRecipe, rand: Sampler, shape, size, sizes: torch.Tensor | None) -> Draws:

@@ -9,7 +9,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from kornia.filters import gaussian_blur2d
 
 from .augment_draws import Draws, Sampler, draw
 from .augment_recipes import ViewRecipe
@@ -107,12 +106,23 @@ def colour_blur_solarize(x: torch.Tensor, recipe: ViewRecipe, draws, pick) -> to
     if draws.blur is not None:
         sigma, apply = draws.blur
         radius = min(math.ceil(3 * recipe.blur_sigma[1]), min(x.shape[-2:]) - 1)  # 3 sigma, within reflect padding
-        x = pick(
-            x, apply, lambda y, s: gaussian_blur2d(y, 2 * radius + 1, s.view(-1, 1).expand(-1, 2).contiguous()), sigma
-        )
+        x = pick(x, apply, lambda y, s: gaussian_blur(y, s, radius), sigma)
     if draws.solarize is not None:
         x = pick(x, draws.solarize, lambda y: torch.where(y >= SOLARIZE_THRESHOLD, 1 - y, y))
     return x
+
+
+def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, radius: int) -> torch.Tensor:
+    """Gaussian blur with each sample's own sigma (B,), a (2 radius + 1)-tap separable kernel normalized to sum 1,
+    reflect padding: kornia's gaussian_blur2d (which it replaces: it synchronised with the host twice a call), as
+    two depthwise convolutions whose weights are computed on the device."""
+    B, C, H, W = x.shape
+    taps = torch.arange(-radius, radius + 1, device=x.device, dtype=x.dtype)
+    weights = torch.exp(-(taps**2) / (2 * sigma.to(x.dtype).view(-1, 1) ** 2))
+    weights = (weights / weights.sum(1, keepdim=True)).repeat_interleave(C, 0)  # (B * C, taps)
+    padded = F.pad(x, (radius, radius, radius, radius), mode="reflect").reshape(1, B * C, H + 2 * radius, -1)
+    rows = F.conv2d(padded, weights.view(B * C, 1, 1, -1), groups=B * C)
+    return F.conv2d(rows, weights.view(B * C, 1, -1, 1), groups=B * C).view(B, C, H, W)
 
 
 def _jitter_folded(

@@ -226,7 +226,7 @@ def build_stream(
         image_fit=data.image_fit,
         mix_shards=data.mix_shards,
         io_timeout_s=float(data.io_timeout_s),
-        jpeg_device=choose_jpeg_device(data.decode, device) if data.mode == "views" else None,
+        jpeg_device=choose_jpeg_device(data.decode, device, data.image_size) if data.mode == "views" else None,
     )
     if uses_shards(data):
         key, shards = split_shards(data, common["split"])

@@ -12,6 +12,7 @@ An engine owns the model (``engine.model``, the plain module), the optimizer and
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Mapping
 
 import torch
@@ -22,6 +23,34 @@ from eigtrain.engine.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_at
 from eigtrain.schema import EngineConfig, OptimBase, typed, typed_option
 
 ENGINES = ("ddp", "deepspeed")
+
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile_mode(mode: str, device: torch.device, engine: str, grad_accum_steps: int) -> str:
+    """engine.compile_mode where it holds, else "default" with a warning saying why. CUDA graphs
+    (reduce-overhead) need CUDA, the ddp engine (DeepSpeed's step is its own) and one micro-batch per step: with
+    gradient caching the encoder runs twice per micro-batch and a graph replay would overwrite the embeddings kept
+    from an earlier one."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"engine.compile_mode={mode!r} is not known; allowed: {', '.join(COMPILE_MODES)}")
+    if mode in ("default", "max-autotune-no-cudagraphs"):
+        return mode
+    why = (
+        "CUDA graphs need a CUDA device"
+        if torch.device(device).type != "cuda"
+        else f"engine.name={engine} runs its own step"
+        if engine != "ddp"
+        else f"{grad_accum_steps} micro-batches per step (gradient caching runs the encoder twice per micro-batch)"
+        if grad_accum_steps > 1
+        else None
+    )
+    if why is None:
+        return mode
+    fallback = "max-autotune-no-cudagraphs" if mode == "max-autotune" else "default"
+    warnings.warn(f"engine.compile_mode={mode}: {why}; compiling with mode={fallback}", stacklevel=2)
+    return fallback
 
 
 def build_engine(
@@ -46,10 +75,13 @@ def build_engine(
     if cfg.name == "ddp":
         from eigtrain.engine.ddp import DDPEngine
 
-        return DDPEngine(model, optim_cfg, **common)
+        mode = compile_mode(cfg.compile_mode, device, cfg.name, grad_accum_steps) if cfg.compile else "default"
+        return DDPEngine(model, optim_cfg, compile_mode=mode, **common)
     if cfg.name == "deepspeed":
         from eigtrain.engine.deepspeed_zero import DeepSpeedEngine
 
+        if cfg.compile:
+            compile_mode(cfg.compile_mode, device, cfg.name, grad_accum_steps)  # warns: DeepSpeed compiles its way
         return DeepSpeedEngine(
             model,
             optim_cfg,
@@ -63,6 +95,7 @@ def build_engine(
 
 
 __all__ = [
+    "COMPILE_MODES",
     "ENGINES",
     "OPTIMIZERS",
     "PRECISIONS",
@@ -72,5 +105,6 @@ __all__ = [
     "build_engine",
     "build_optimizer",
     "chunks",
+    "compile_mode",
     "lr_at",
 ]

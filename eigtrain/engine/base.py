@@ -206,12 +206,21 @@ def _poisoned(loss_fn: LossFn) -> LossFn:
 # -- the guarded update --------------------------------------------------------------------------------------
 def guarded_step(optimizer: torch.optim.Optimizer, ok: torch.Tensor) -> None:
     """``optimizer.step()`` that changes nothing (parameters, optimizer state) where ``ok`` is False, decided on
-    the device: no host synchronisation. Costs one copy of the parameters and optimizer state per step, made and
-    selected as one flat buffer per (device, dtype): a handful of kernel launches whatever the number of
-    parameters (a clone and a `where` per tensor made small models launch-bound).
+    the device: no host synchronisation.
+
+    A fused SGD / Adam / AdamW (torch's, as on CUDA) skips inside its kernel, given ``found_inf`` as AMP's grad
+    scaler does (`fused_skip_step`): no copy at all. Any other optimizer: one copy of the parameters and optimizer
+    state per step, made and selected as one flat buffer per (device, dtype): a handful of kernel launches whatever
+    the number of parameters (a clone and a `where` per tensor made small models launch-bound).
 
     State created by this step (first step: momentum buffers, Adam moments) is reset to zeros, which for SGD,
     LARS and AdamW is exactly the state before the first update."""
+    if not fused_skip_step(optimizer, ok):
+        flat_guarded_step(optimizer, ok)
+
+
+def flat_guarded_step(optimizer: torch.optim.Optimizer, ok: torch.Tensor) -> None:
+    """`guarded_step` by one flat copy of the parameters and state per (device, dtype), selected after the step."""
     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
     before = _step_tensors(optimizer, params)
     saved = {group: torch.cat([_flat(before[k]) for k in keys]) for group, keys in _grouped(before).items()}
@@ -226,6 +235,29 @@ def guarded_step(optimizer: torch.optim.Optimizer, ok: torch.Tensor) -> None:
             merged = torch.cat(targets)
             torch.where(ok if ok.device == device else ok.to(device), merged, old, out=merged)
             torch._foreach_copy_(targets, list(merged.split([t.numel() for t in targets])))
+
+
+def fused_skip_step(optimizer: torch.optim.Optimizer, ok: torch.Tensor) -> bool:
+    """The guarded step of torch's fused SGD / Adam / AdamW: their kernels leave parameters and state untouched where
+    ``found_inf`` is 1 (Adam's step count is put back). SGD's momentum buffers are made zeros before its first step,
+    so that a skipped first step leaves zeros (the fused kernel's first step would leave them uninitialized) and a
+    first update gives ``0 * momentum + grad``: the first step's ``buf = grad``, bit for bit (no dampening).
+    False (nothing done) for any other optimizer."""
+    if not optimizer.defaults.get("fused") or not isinstance(optimizer, (torch.optim.SGD, torch.optim.Adam)):
+        return False
+    if isinstance(optimizer, torch.optim.SGD):
+        for group in optimizer.param_groups:
+            if group["momentum"] and group["dampening"]:
+                return False  # a zero buffer is not the first step's buf = grad with dampening
+            for p in group["params"]:
+                if group["momentum"] and p.grad is not None and "momentum_buffer" not in optimizer.state[p]:
+                    optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    optimizer.found_inf = (~ok).to(torch.float32)
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf
+    return True
 
 
 def _step_tensors(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> dict[tuple, torch.Tensor]:

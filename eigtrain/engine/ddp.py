@@ -54,8 +54,10 @@ class DDPEngine:
         grad_clip: float | None = None,
         compile: bool = False,
         channels_last: bool = False,
+        compile_mode: str = "default",
     ):
         self.device = device
+        self.cuda_graphs = compile and compile_mode == "reduce-overhead"  # `engine.compile_mode`
         self.autocast_dtype = resolve_precision(precision, device)
         self.grad_clip = grad_clip
         model.to(device)
@@ -68,7 +70,7 @@ class DDPEngine:
         wrapped: nn.Module = model
         if distributed:
             wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        self.train_module = torch.compile(wrapped) if compile else wrapped
+        self.train_module = torch.compile(wrapped, mode=compile_mode) if compile else wrapped
         self._ddp = wrapped if distributed else None
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -80,6 +82,8 @@ class DDPEngine:
         No host synchronisation: the skip decision stays on the device (`StepResult.applied`). usable=False:
         this rank's batch stands in for an unusable one and every rank skips the update."""
         self.model.train()
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: the graphs' earlier outputs may be overwritten
 
         def sync_context(i: int) -> contextlib.AbstractContextManager:
             # Gradients are all-reduced only on the last micro-batch.

@@ -30,12 +30,13 @@ def build_optimizer(
     """Optimizer from the ``optim`` config group (typed by its name: SGDConfig, LarsConfig, AdamWConfig). The
     learning rate is set every step from ``lr_at``.
 
-    On CUDA AdamW is the fused kernel, which also keeps its step count on the GPU (so the guarded update never
-    reads it back to the host)."""
+    On CUDA SGD and AdamW are torch's fused kernels, which skip a non-finite step inside the kernel (`guarded_step`)
+    and keep AdamW's step count on the GPU (so the guarded update never reads it back to the host)."""
     cfg = typed_option("optim", cfg)
     groups = _param_groups(model, cfg.weight_decay, cfg.exclude_bias_and_norm)
     if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+        fused = True if device_type == "cuda" else None  # the guarded step skips inside the kernel (found_inf)
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, fused=fused)
     if cfg.name == "lars":
         from timm.optim import Lars  # noqa: PLC0415  (timm is slow to import)
 

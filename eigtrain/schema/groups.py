@@ -62,6 +62,7 @@ class DataConfig:
     image_fit: str = "cover"  # with image_size: cover (resize + center crop) | whole (fitted and padded, crops use all)
     shuffle_block: int = 1000  # undecoded samples each worker shuffles together (seeded; resume stays exact)
     mix_shards: int = 8  # shards each worker reads side by side (shards written class by class give mixed batches)
+    augment_compile: Optional[bool] = None  # the device augmentation as one compiled graph per view; null: on CUDA
     decode: str = "cpu"  # JPEG decoding: cpu (in the workers) | auto (nvJPEG when training on CUDA) | cuda
     pin_memory: Optional[bool] = None  # DataLoader pinned memory; null: on when training on CUDA
     prefetch_factor: Optional[int] = 2  # batches each worker prepares ahead
@@ -74,6 +75,9 @@ class EngineConfig:
     name: str = "ddp"  # ddp (DistributedDataParallel) | deepspeed (ZeRO 1-3)
     precision: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16; the objective is always fp32
     compile: bool = False  # torch.compile the encoder
+    compile_mode: str = (
+        "default"  # default | reduce-overhead (CUDA graphs: ddp engine on CUDA, one micro-batch) | max-autotune
+    )
     channels_last: Optional[bool] = None  # null: on for convolutional backbones on CUDA (engine.base.use_channels_last)
     deterministic: bool = False  # CUDA: cuDNN's deterministic kernels, no autotuning; needed for bit-identical resume
     zero_stage: Optional[int] = None  # deepspeed only: ZeRO stage 1 | 2 | 3

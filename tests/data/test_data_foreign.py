@@ -223,6 +223,9 @@ def test_jpeg_decode_device_selection(monkeypatch):
         choose_jpeg_device("gpu", "cpu")
     monkeypatch.setattr(gpu_decode, "nvjpeg_problem", lambda device: None)  # the probe decode succeeded
     assert choose_jpeg_device("auto", "cuda:1") == torch.device("cuda:1")
+    assert choose_jpeg_device("auto", "cuda:1", [224, 224]) == torch.device("cuda:1")
+    assert choose_jpeg_device("auto", "cuda:1", [32, 32]) is None  # small images: the workers decode them faster
+    assert choose_jpeg_device("cuda", "cuda:1", [32, 32]) == torch.device("cuda:1")  # cuda insists
     assert choose_jpeg_device("cpu", "cuda:1") is None
 
 

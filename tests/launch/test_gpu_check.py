@@ -94,17 +94,24 @@ def test_offline_install_unpacks_wheels_without_pip(tmp_path, monkeypatch):
     assert (tmp_path / "t" / "zz_plain" / "__init__.py").read_text() == "VERSION = '2.0'\n"
 
 
-def test_report_shows_figures_targets_and_what_needs_several_gpus(tmp_path):
+def test_report_shows_figures_spreads_same_mode_targets_and_what_needs_several_gpus(tmp_path):
+    def mode(views, low, high, syncs=0.0):
+        return {"views_per_s": views, "views_per_s_range": [low, high], "spread": (high - low) / views,
+                "pairs_per_s": views / 2, "mfu": 0.41, "host_syncs_per_step": syncs}  # fmt: skip
+
     bench = {
+        "device": "NVIDIA H100 80GB HBM3",
         "results": [
             {
                 "model": "resnet50",
                 "image_size": 224,
                 "batch": 256,
+                "compile": True,
                 "modes": {
-                    "synthetic": {"images_per_s": 2600.0, "mfu": 0.41},
-                    "reference": {"images_per_s": 3000.0, "mfu": 0.47},
-                    "jpeg": {"images_per_s": 2400.0, "mfu": 0.38},
+                    "synthetic": mode(5600.0, 5500.0, 5700.0),
+                    "reference": mode(6000.0, 5900.0, 6100.0),
+                    "jpeg": mode(4800.0, 4700.0, 4900.0, 2.0),
+                    "presets": {"presets": {"imagenet": {"host_syncs_per_call": 0.0, "from": []}}},
                 },
             }
         ],
@@ -115,11 +122,11 @@ def test_report_shows_figures_targets_and_what_needs_several_gpus(tmp_path):
         "commit": "abc",
         "written": "now",
         "steps": {
-            "b_bench_gpu": {
+            "p_r50_compiled": {
                 "status": "PASS",
                 "seconds": 200,
                 "box_s": 270,
-                "part": 1,
+                "part": 3,
                 "what": "bench",
                 "figures": bench,
             },
@@ -136,11 +143,21 @@ def test_report_shows_figures_targets_and_what_needs_several_gpus(tmp_path):
     gpu_check.write_report(tmp_path, report)
     text = (tmp_path / "REPORT.md").read_text()
     assert "NVIDIA H100 80GB HBM3" in text and "| e_deepspeed_zero3 | 2 | TIMEOUT | 70 | 70 |" in text
-    assert "| resnet50 | 224 | 256 | jpeg | 2,400 | 38.0% | 80% |" in text
-    assert "from jpeg shards >= 85 % of the bare model: 80% NOT MET" in text
-    assert ">= 2,500 images/s on one H100: 2,600 MET" in text
+    assert "| resnet50 | 224 | 256 | yes | jpeg | 4,800 | 4,700-4,900 | 4% | 2,400 | 41.0% | 2.0 | 80% |" in text
+    assert "resnet50@224 compiled synthetic >= 90% of the bare model: 93% MET" in text
+    assert "resnet50@224 compiled jpeg >= 85% of the bare model: 80% NOT MET" in text
+    assert ">= 5,500 views/s per H100: 5,600 on NVIDIA H100 80GB HBM3 MET" in text
+    assert "imagenet augmentation alone (both views): host syncs per call 0.0" in text
     assert "not measured (time budget): resnet50@224 png" in text and "last line of its log" in text
     assert "What only a multi-GPU machine can show" in text and (tmp_path / "report.json").exists()
+
+
+def test_throughput_part_clips_its_steps_to_the_deadline_and_budgets_each_bench():
+    steps = gpu_check.throughput_steps("python", Path("logs"))
+    assert {s.part for s in steps} == {3} and steps[0].name == "p_r18_eager"
+    step = gpu_check.clipped(steps[2], left=100.0)
+    assert step.box_s == 95 and step.argv[-2:] == ["--budget-s", "50"]
+    assert gpu_check.clipped(steps[0], left=None).box_s == steps[0].box_s
 
 
 @pytest.mark.slow

@@ -214,9 +214,10 @@ def first_rr_feature_is_not_constant(report) -> None:
     """An SCL run's first ordered feature varies over the validation split: the constant is exported apart, while
     the paper's convention keeps it as feature 1 (share 1). These 2-step runs order their features mostly by variance
     (nothing is determined on 64 samples) and the val shards' images differ from the train ones: feature 1 is
-    centered on train but may sit off-centre on val, so the bound is what tells it from the constant, not 0."""
+    centered on train but may sit off-centre on val, so the bound is what tells it from the constant, not 0 (0.965 on
+    the shards run once the augmentation drew one random block per view, issue 37; the constant's share is > 0.999)."""
     shares = report["constant_share"]
-    assert shares["RR"][0] < 0.95 and shares["RR (paper)"][0] > 0.999, shares
+    assert shares["RR"][0] < 0.99 and shares["RR (paper)"][0] > 0.999, shares
 
 
 @pytest.mark.parametrize("source", SOURCES)
