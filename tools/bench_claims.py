@@ -14,6 +14,7 @@ the `scl` cell at 300 steps is `bash tools/quickstart.sh` at that seed (the seed
 """
 
 import json
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -89,6 +90,8 @@ def cell(steps: int, seed: int, objective: str) -> None:
             )
         )
         report["accuracy"][row] = paper["accuracy"]["RR"]
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        report["commit"] = head or "unknown"
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
         spectra = {
