@@ -59,7 +59,13 @@ _ABSENT = "<absent>"
 
 
 def _value(cfg: DictConfig, key: str) -> Any:
-    value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
+    """The key's value, or _ABSENT where the saved config (an older run's) has no such key: a fact about the file
+    compared as such, not a default standing in for a setting."""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, throw_on_missing=False) if parent else cfg
+    if not OmegaConf.is_dict(node) or leaf not in node:
+        return _ABSENT
+    value = OmegaConf.select(cfg, key, throw_on_missing=False)
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 

@@ -57,8 +57,16 @@ def test_a_stop_signal_saves_at_the_step_boundary_and_leaves_with_one_line(digit
 
     if signum != signal.SIGTERM:
         return  # resuming is the same after either signal: checked once
-    again = subprocess.run(  # the same command, shorter: resumes from the saved step
-        [sys.executable, "-m", "eigtrain.train", *args[:-3], f"steps={step + 1}", f"data.num_workers={workers}"],
+    again = subprocess.run(  # the same command, shorter (a new schedule: a new lineage), resumes from the saved step
+        [
+            sys.executable,
+            "-m",
+            "eigtrain.train",
+            *args[:-3],
+            f"steps={step + 1}",
+            f"data.num_workers={workers}",
+            "new_lineage=true",
+        ],
         cwd=tmp_path,
         env=clean_env(),
         capture_output=True,
