@@ -41,7 +41,15 @@ def _batch_moments(f: torch.Tensor, g: torch.Tensor):
     """(n, mean f, mean g, centered co-moment sums ff, gg, fg) of one batch, for `RRAccumulator._merge`."""
     mf, mg = f.mean(0), g.mean(0)
     fc, gc = f - mf, g - mg
-    return len(f), mf, mg, fc.T @ fc, gc.T @ gc, fc.T @ gc
+    return len(f), mf, mg, _t_matmul(fc, fc), _t_matmul(gc, gc), _t_matmul(fc, gc)
+
+
+def _t_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a^T b. On the CPU through numpy's BLAS, which runs float64 products about twice as fast as torch's here
+    (tools/bench_rr_scale.py: the pass is bound by these products); elsewhere torch's."""
+    if a.device.type != "cpu":
+        return a.T @ b
+    return torch.from_numpy(a.numpy().T @ b.numpy())
 
 
 class RRAccumulator:
