@@ -66,7 +66,7 @@ def caption(seeds: dict) -> str:
     steps = sorted({e["steps"] for _, e in seeds.values()})
     probes = sorted({r["probe"] for r, _ in seeds.values()})
     probe = {"sgd": "SGD probe (50 epochs)", "closed_form": "closed-form probe"}.get(probes[0], probes[0])
-    commits = sorted({r.get("commit", "before the exact default") for r, _ in seeds.values()})
+    commits = sorted({r.get("commit", "a commit before the exact default") for r, _ in seeds.values()})
     return (
         f"{len(seeds)} seed(s) {sorted(seeds)}, {'/'.join(map(str, steps))} steps, {probe}, digits validation "
         f"(359 images); accuracy %, mean ± sd over seeds; made at {', '.join(commits)}"
