@@ -306,7 +306,7 @@ def read_encoder(run_dir: Path, step_path: Path | None) -> tuple[torch.nn.Module
     """`load_encoder` and the sha256 of the weights read (the export file, or every file of the step), the step
     pinned meanwhile so that a trainer still pruning this run cannot delete it mid-read (eigtrain.run_lock)."""
     from eigtrain.checkpoint_read import CheckpointReadError
-    from eigtrain.export import file_sha256, files_sha256
+    from eigtrain.checksums import file_sha256, files_sha256
     from eigtrain.run_lock import pinned
 
     if step_path is None:

@@ -10,13 +10,17 @@ replaced by a weights-only one. A file that cannot be read so is refused with on
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element  # the helper DefaultLoadPlanner itself uses
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 DEEPSPEED_ZERO12 = "mp_rank_00_model_states.pt"  # ZeRO-1/2: rank 0 wrote the whole module
 DEEPSPEED_ZERO3 = "zero_pp_rank_*_model_states.pt"  # ZeRO-3: one partition per rank
@@ -107,7 +111,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 class SafeFileSystemReader(FileSystemReader):
     """FileSystemReader whose metadata is read by `_MetadataUnpickler`; tensors DCP loads weights-only itself, and
-    byte entries go through the caller's weights-only planner (eigtrain.engine.ddp.WeightsOnlyLoadPlanner)."""
+    byte entries go through the caller's weights-only planner (WeightsOnlyLoadPlanner below)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any):
         from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -128,8 +132,6 @@ def dcp_model_weights(step_path: Path) -> dict[str, torch.Tensor]:
     the optimizer's entries are not read)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    from eigtrain.engine.ddp import WeightsOnlyLoadPlanner, single_process_ok
 
     reader = SafeFileSystemReader(str(step_path))
     entries = reader.read_metadata().state_dict_metadata
@@ -184,3 +186,23 @@ def model_weights(step_path: Path) -> dict[str, torch.Tensor]:
     if list(step_path.glob(DEEPSPEED_ZERO3)):
         return zero3_model_weights(step_path)
     return dcp_model_weights(step_path)
+
+
+class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
+    """DCP's default planner unpickles non-tensor entries (optimizer hyper-parameters) with
+    weights_only=False; this one refuses anything but plain data."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+@contextlib.contextmanager
+def single_process_ok():
+    # Without a process group DCP warns on every call that it assumes a single process: that is intended.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process")
+        yield

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from eigtrain.checkpoint_read import CheckpointReadError
-from eigtrain.export import file_sha256
+from eigtrain.checksums import file_sha256
 
 log = logging.getLogger("eigtrain.checkpoint")
 

@@ -14,15 +14,16 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.nn import functional as F
 
+from eigtrain.checksums import file_sha256
+from eigtrain.rr_moments import RRAccumulator
+
 from .checkpoint import EXPORT_NAME, read_encoder
 from .checkpoint_verify import check_step, newest_verified
 from .data import ShardStream, StreamOptions, build_augment, read_index
 from .data.augment import NORMALIZATION
 from .data.from_config import DataConfigError, build_stream, split_shards, split_source, uses_shards
 from .data.pipe_trust import SOURCE_KEYS, check_saved_sources
-from .export import file_sha256
 from .models.encoder import PairEncoder
-from .rayleigh_ritz import RRAccumulator
 from .redact import saved_value_usable
 from .run_step import weights_record
 from .saved_config import load_saved_config

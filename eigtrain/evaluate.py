@@ -28,20 +28,13 @@ from typing import Any, Mapping
 
 import torch
 
+from eigtrain.knn import dims_for, knn_accuracy
+
 from . import retrieval
 from .dist import resolve_env, select_device
 from .eval_report import PREFIX_METHODS, RR_PAPER, write_report
 from .output_dirs import EVAL_ENTRIES, check_output_dir
-from .probes import (
-    constant_shares,
-    dims_for,
-    knn_accuracy,
-    paired_difference,
-    pca_features,
-    probe_correct,
-    smallest_k_within,
-    spectrum_report,
-)
+from .probes import constant_shares, paired_difference, pca_features, probe_correct, smallest_k_within, spectrum_report
 from .provenance import export_provenance
 from .redact import redact_url
 from .run_step import weights_record

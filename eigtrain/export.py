@@ -3,7 +3,6 @@ loader that turns an export into a truncatable head z -> (z - mean) @ transform[
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,23 +26,6 @@ EXPORT_FILES = (TENSORS, MANIFEST, DECAY_PLOT)
 EXPORT_FORMAT = "eigtrain-rr-export-v1"  # manifest["format"]: the positive mark of a directory eigtrain-rr wrote
 _LEGACY_KEYS = {"source", "n", "mode", "dim", "num_features", "tensors"}  # manifests written before the mark
 INPUTS = ("raw", "l2_normalized")  # what the head is applied to: source["input"] (eigtrain.embed.objective_view)
-
-
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def files_sha256(directory: str | os.PathLike) -> str:
-    """Hash of every file under a directory: relative names and content hashes, in name order."""
-    root = Path(directory)
-    digest = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.is_file()):
-        digest.update(f"{f.relative_to(root)}:{file_sha256(f)}\n".encode())
-    return digest.hexdigest()
 
 
 class ExportTargetError(FileExistsError, ValueError):

@@ -22,7 +22,7 @@ from eigtrain import random_state
 from eigtrain.data import build_augment
 from eigtrain.data.augment import NORMALIZATION
 from eigtrain.data.from_config import build_stream, check_splits
-from eigtrain.probes import dims_for, knn_accuracy
+from eigtrain.knn import dims_for, knn_accuracy
 from eigtrain.schema import DataConfig, MonitorConfig, typed
 
 log = logging.getLogger("eigtrain.monitor")

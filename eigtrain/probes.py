@@ -10,15 +10,9 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from .objectives.nesting import mrl_prefixes
 from .rr_prefixes import spectral_k_report
 
 F32 = torch.float32
-
-
-def dims_for(d: int) -> list[int]:
-    """{4, 8, 16, ..., d} (d always included): the paper's representation sizes."""
-    return mrl_prefixes(d)
 
 
 def whiten(train: torch.Tensor, test: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,16 +159,6 @@ def smallest_k_within(row: Mapping[int, float], points: float) -> int | None:
         return None
     full = row[max(row)]
     return min(k for k, v in row.items() if v >= full - points / 100)
-
-
-def knn_accuracy(train_x, train_y, test_x, test_y, k: int = 20, temperature: float = 0.07) -> float:
-    """Weighted cosine kNN (the usual SSL protocol: k=20, weights exp(sim / 0.07))."""
-    a = torch.nn.functional.normalize(train_x.to(F32), dim=1)
-    b = torch.nn.functional.normalize(test_x.to(F32), dim=1)
-    classes = int(max(train_y.max(), test_y.max())) + 1
-    sims, idx = (b @ a.T).topk(min(k, len(a)), dim=1)
-    votes = torch.zeros(len(b), classes).scatter_add_(1, train_y.long()[idx], (sims / temperature).exp())
-    return (votes.argmax(1) == test_y.long()).to(F32).mean().item()
 
 
 def constant_share(features: torch.Tensor) -> list[float]:

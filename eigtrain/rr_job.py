@@ -25,11 +25,14 @@ from typing import Any
 
 import torch
 
+from eigtrain.checksums import file_sha256, files_sha256
+from eigtrain.rr_moments import RRAccumulator
+
 from . import dist as edist
 from . import embedding_files
 from .cli import compose_dataclass
-from .export import check_export_target, file_sha256, files_sha256, rr_manifest, save_export
-from .rayleigh_ritz import MODES, TRIVIAL, RRAccumulator, centered, solve
+from .export import check_export_target, rr_manifest, save_export
+from .rayleigh_ritz import MODES, TRIVIAL, centered, solve
 from .redact import redact_url
 from .rr_prefixes import cut_errors, cuts_report, order_ties, tie_groups, undetermined_cuts
 from .run_step import describe

@@ -21,7 +21,7 @@ import torch
 
 from eigtrain.data import build_augment
 from eigtrain.embed import _stream, normalization, open_run
-from eigtrain.rayleigh_ritz import RRAccumulator
+from eigtrain.rr_moments import RRAccumulator
 
 
 @torch.no_grad()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import io
-import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -12,33 +10,17 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint._traverse import set_element  # the helper DefaultLoadPlanner itself uses
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
+from eigtrain.checkpoint_read import (  # .metadata unpickled with an allow-list
+    SafeFileSystemReader,
+    WeightsOnlyLoadPlanner,
+    reading,
+    single_process_ok,
+)
 from eigtrain.engine.base import LossFn, StepResult, accumulated_backward, autocast, guarded_step, resolve_precision
 from eigtrain.engine.optim import build_optimizer, set_lr
-
-
-class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
-    """DCP's default planner unpickles non-tensor entries (optimizer hyper-parameters) with
-    weights_only=False; this one refuses anything but plain data."""
-
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        obj = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
-
-
-@contextlib.contextmanager
-def single_process_ok():
-    # Without a process group DCP warns on every call that it assumes a single process: that is intended.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process")
-        yield
 
 
 class DDPEngine:
@@ -126,8 +108,6 @@ class DDPEngine:
             dcp.save(self._state(), checkpoint_id=str(step_dir), no_dist=not dist.is_initialized())
 
     def load(self, step_dir: Path) -> None:
-        from eigtrain.checkpoint_read import SafeFileSystemReader, reading  # .metadata unpickled with an allow-list
-
         state = self._state()
         reader = SafeFileSystemReader(str(step_dir))
         reader.read_metadata()  # its own one line (inside dcp.load it would be one rank's failure among others)

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from eigtrain.rayleigh_ritz import RRAccumulator, solve
+from eigtrain.rayleigh_ritz import solve
+from eigtrain.rr_moments import RRAccumulator
 from eigtrain.synthetic.kernels import SyntheticKernel
 from eigtrain.synthetic.metrics import best_signs, ef_mse_per_function, ev_rae_per_function
 from eigtrain.synthetic.sampler import sample_pairs, sample_uniform

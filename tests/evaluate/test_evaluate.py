@@ -5,7 +5,8 @@ from PIL import Image
 
 from eigtrain.eval_report import write_report
 from eigtrain.evaluate import adaptive_dimension_table
-from eigtrain.probes import dims_for, knn_accuracy, paired_difference, probe_accuracy, probe_correct
+from eigtrain.knn import dims_for, knn_accuracy
+from eigtrain.probes import paired_difference, probe_accuracy, probe_correct
 from tests.support.finite_kernels import blobs
 
 
@@ -98,7 +99,8 @@ def test_eval_command_on_stored_features_with_retrieval_options(tmp_path, capsys
 
     from eigtrain.evaluate import main as eval_main
     from eigtrain.export import save_export
-    from eigtrain.rayleigh_ritz import RRAccumulator, solve
+    from eigtrain.rayleigh_ritz import solve
+    from eigtrain.rr_moments import RRAccumulator
 
     x, y = blobs(d=8)
     acc = RRAccumulator(8)

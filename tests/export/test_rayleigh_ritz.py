@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from eigtrain.rayleigh_ritz import RRAccumulator, solve
+from eigtrain.rayleigh_ritz import solve
+from eigtrain.rr_moments import RRAccumulator
 from tests.support.finite_kernels import assert_same_functions, empirical_eigenfunctions, stream, symmetric_pairs
 from tests.support.runs import free_port
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from eigtrain.export import load_head
-from eigtrain.rayleigh_ritz import RRAccumulator, solve
+from eigtrain.rayleigh_ritz import solve
 from eigtrain.rr_job import main as rr_main
+from eigtrain.rr_moments import RRAccumulator
 from eigtrain.rr_prefixes import UNDETERMINED_AT, cut_errors
 from eigtrain.synthetic.kernels import build_kernel
 from eigtrain.synthetic.sampler import sample_pairs

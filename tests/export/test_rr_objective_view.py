@@ -14,8 +14,9 @@ from torch import nn
 from eigtrain.embed import L2Normalized, objective_view
 from eigtrain.export import load_head, save_export
 from eigtrain.models.encoder import PairEncoder
-from eigtrain.rayleigh_ritz import RRAccumulator, solve
+from eigtrain.rayleigh_ritz import solve
 from eigtrain.rr_job import main as rr_main
+from eigtrain.rr_moments import RRAccumulator
 
 
 def _solved(z1, z2):

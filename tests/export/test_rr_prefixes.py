@@ -8,9 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eigtrain.rayleigh_ritz import RRAccumulator, solve
+from eigtrain.rayleigh_ritz import solve
 from eigtrain.rr_job import main as rr_main
 from eigtrain.rr_job import reduce_embeddings
+from eigtrain.rr_moments import RRAccumulator
 from eigtrain.rr_prefixes import cut_errors, order_ties, tie_groups, undetermined_cuts
 
 # correlations of six latent coordinates between the two views: the first two tie, the rest are apart

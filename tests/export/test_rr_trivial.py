@@ -7,8 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eigtrain.rayleigh_ritz import RRAccumulator, solve
+from eigtrain.rayleigh_ritz import solve
 from eigtrain.rr_job import main as rr_main
+from eigtrain.rr_moments import RRAccumulator
 from tests.support.finite_kernels import assert_same_functions, blobs, empirical_eigenfunctions, stream, symmetric_pairs
 
 STATES = 7

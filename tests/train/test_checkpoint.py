@@ -12,7 +12,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from eigtrain import checkpoint as ckpt
 from eigtrain import random_state
-from eigtrain.engine.ddp import DDPEngine, WeightsOnlyLoadPlanner
+from eigtrain.checkpoint_read import WeightsOnlyLoadPlanner
+from eigtrain.engine.ddp import DDPEngine
 from eigtrain.models import build_encoder
 
 OPTIM = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "grad_clip": 3.0}
