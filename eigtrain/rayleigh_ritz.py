@@ -194,6 +194,37 @@ def _dims_report(
     }
 
 
+def _solve_svd(acc, gff, ggg, kfg, mf, mg, raw_f, raw_g, ridge: float, rtol: float, exclude: bool) -> RRResult:
+    """Two encoders: whiten each side by its own Gram (on its range), then the SVD of the whitened cross moment."""
+    (sf, uf), (sg, ug) = (
+        _range(gff, ridge, rtol, "the x-side embedding", acc.n),
+        _range(ggg, ridge, rtol, "the a-side embedding", acc.n),
+    )
+    wf, wg = uf * sf.rsqrt(), ug * sg.rsqrt()
+    u, s, vh = torch.linalg.svd(wf.T @ kfg @ wg)
+    k = min(wf.shape[1], wg.shape[1])
+    values, transform, right = s[:k], wf @ u[:, :k], wg @ vh[:k].T
+    fix_signs(transform, right)
+    result = RRResult(values, transform, mf, "svd", acc.n, right, mg)
+    result.dims = {
+        **_dims_report(gff, raw_f, acc.mean_f, exclude, rtol, k, _rank(gff, ridge, rtol, sf)),
+        "right": _dims_report(ggg, raw_g, acc.mean_g, exclude, rtol, k, _rank(ggg, ridge, rtol, sg)),
+    }
+    if exclude:
+        (w, res), (wr, res_r) = (
+            constant_readout(raw_f, acc.mean_f, rtol),
+            constant_readout(raw_g, acc.mean_g, rtol),
+        )
+        result.trivial = {
+            "eigenvalue": 1.0,
+            "transform": w,
+            "residual": res,
+            "right_transform": wr,
+            "right_residual": res_r,
+        }
+    return result
+
+
 def solve(
     acc: RRAccumulator,
     mode: str = "generalized",
@@ -218,33 +249,7 @@ def solve(
     raw_f, raw_g, _, _, _ = acc.second_moments(False)
 
     if mode == "svd":
-        (sf, uf), (sg, ug) = (
-            _range(gff, ridge, rtol, "the x-side embedding", acc.n),
-            _range(ggg, ridge, rtol, "the a-side embedding", acc.n),
-        )
-        wf, wg = uf * sf.rsqrt(), ug * sg.rsqrt()
-        u, s, vh = torch.linalg.svd(wf.T @ kfg @ wg)
-        k = min(wf.shape[1], wg.shape[1])
-        values, transform, right = s[:k], wf @ u[:, :k], wg @ vh[:k].T
-        fix_signs(transform, right)
-        result = RRResult(values, transform, mf, mode, acc.n, right, mg)
-        result.dims = {
-            **_dims_report(gff, raw_f, acc.mean_f, exclude, rtol, k, _rank(gff, ridge, rtol, sf)),
-            "right": _dims_report(ggg, raw_g, acc.mean_g, exclude, rtol, k, _rank(ggg, ridge, rtol, sg)),
-        }
-        if exclude:
-            (w, res), (wr, res_r) = (
-                constant_readout(raw_f, acc.mean_f, rtol),
-                constant_readout(raw_g, acc.mean_g, rtol),
-            )
-            result.trivial = {
-                "eigenvalue": 1.0,
-                "transform": w,
-                "residual": res,
-                "right_transform": wr,
-                "right_residual": res_r,
-            }
-        return result
+        return _solve_svd(acc, gff, ggg, kfg, mf, mg, raw_f, raw_g, ridge, rtol, exclude)
 
     gram, cross = acc.view_moments(center)
     whitener = _cholesky_whitener(gram, ridge, rtol, acc.n) if mode == "generalized" else None

@@ -62,39 +62,40 @@ def run_ensemble(cfgs: list[SyntheticConfig]) -> list[dict]:
             extracted = extract_all(acc, cfg.objective)
             first = target_first(cfg.objective)
             metrics = evaluate(members[m], kernel, extracted, cfg.eval_samples, generator(cfg.seed, STREAM_EVAL), first)
-            primary = primary_extraction(cfg)
-            results.append(
-                (
-                    m,
-                    {
-                        "kernel": cfg.kernel,
-                        "rank": cfg.rank,
-                        "d": cfg.dim,
-                        "objective": cfg.objective,
-                        "extraction": primary,
-                        "ef_mse": metrics[primary]["ef_mse"],
-                        "ev_rae": metrics[primary]["ev_rae"],
-                        "ef_mse_per_function": metrics[primary]["ef_mse_per_function"],
-                        "ev_rae_per_function": metrics[primary]["ev_rae_per_function"],
-                        "target_first": first,  # the estimates are compared with eigenpairs first+1 .. first+d (1-based)
-                        "eigenvalues_true": kernel.eigenvalues[first : first + cfg.dim].tolist(),
-                        "eigenvalues_estimated": metrics[primary]["eigenvalues"],
-                        # every extraction's metrics; the eigenfunction curves of the primary one only
-                        "extractions": {
-                            name: {k: v for k, v in metrics[name].items() if k != "curve"} for name in extracted
-                        },
-                        "curve_grid": metrics["curve_grid"],  # p = 2: the diagonal a = (t, t)
-                        "curve": metrics[primary]["curve"],
-                        "curve_true": metrics["curve_true"],
-                        "curve_true_top": metrics["curve_true_top"],  # psi_1..psi_d, whatever the target
-                        "eigenvalues_top": kernel.eigenvalues[: cfg.dim].tolist(),
-                        "train_seconds": round(train_seconds, 1),
-                        "ensemble_size": len(cfgs),
-                        "extract_eval_seconds": round((time.perf_counter() - start) / len(index), 1),
-                        "rr_pairs": int(acc.n),
-                        "history": histories[m],
-                        "config": dataclasses.asdict(cfg),
-                    },
-                )
-            )
+            timing = {
+                "train_seconds": round(train_seconds, 1),
+                "ensemble_size": len(cfgs),
+                "extract_eval_seconds": round((time.perf_counter() - start) / len(index), 1),
+            }
+            results.append((m, _record(cfg, kernel, extracted, metrics, first, acc, histories[m], timing)))
     return [r for _, r in sorted(results, key=lambda x: x[0])]
+
+
+def _record(cfg: SyntheticConfig, kernel, extracted, metrics, first: int, acc, history, timing: dict) -> dict:
+    """One run's result: the primary extraction's errors and curves, every extraction's metrics, its config."""
+    primary = primary_extraction(cfg)
+    return {
+        "kernel": cfg.kernel,
+        "rank": cfg.rank,
+        "d": cfg.dim,
+        "objective": cfg.objective,
+        "extraction": primary,
+        "ef_mse": metrics[primary]["ef_mse"],
+        "ev_rae": metrics[primary]["ev_rae"],
+        "ef_mse_per_function": metrics[primary]["ef_mse_per_function"],
+        "ev_rae_per_function": metrics[primary]["ev_rae_per_function"],
+        "target_first": first,  # the estimates are compared with eigenpairs first+1 .. first+d (1-based)
+        "eigenvalues_true": kernel.eigenvalues[first : first + cfg.dim].tolist(),
+        "eigenvalues_estimated": metrics[primary]["eigenvalues"],
+        # every extraction's metrics; the eigenfunction curves of the primary one only
+        "extractions": {name: {k: v for k, v in metrics[name].items() if k != "curve"} for name in extracted},
+        "curve_grid": metrics["curve_grid"],  # p = 2: the diagonal a = (t, t)
+        "curve": metrics[primary]["curve"],
+        "curve_true": metrics["curve_true"],
+        "curve_true_top": metrics["curve_true_top"],  # psi_1..psi_d, whatever the target
+        "eigenvalues_top": kernel.eigenvalues[: cfg.dim].tolist(),
+        **timing,
+        "rr_pairs": int(acc.n),
+        "history": history,
+        "config": dataclasses.asdict(cfg),
+    }

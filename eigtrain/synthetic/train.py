@@ -173,16 +173,7 @@ def train(cfgs: list[SyntheticConfig], kernel: SyntheticKernel, tail_accumulator
         for p in params:
             p.grad = None
         losses.sum().backward()  # members share no parameters: each gets its own loss's gradient
-        finite = torch.isfinite(losses)
-        for p in params:
-            finite &= torch.isfinite(p.grad.flatten(1)).all(1)
-        skipped = torch.where(finite, 0, skipped + 1)  # never apply a non-finite step
-        if (skipped > MAX_SKIPPED_STEPS).any():
-            bad = torch.nonzero(skipped > MAX_SKIPPED_STEPS).flatten().tolist()
-            raise FloatingPointError(
-                f"non-finite loss or gradient in {MAX_SKIPPED_STEPS + 1} consecutive steps for run(s) "
-                f"{[f'{cfgs[m].objective}-{cfgs[m].extraction} seed {cfgs[m].seed}' for m in bad]} (step {step}); lower lr"
-            )
+        finite, skipped = _finite_steps(losses, params, skipped, cfgs, step)
         optimizer.step(lr, finite)
         if tail_accumulators is not None and step >= tail_start:
             for m, acc in enumerate(tail_accumulators):
@@ -207,6 +198,22 @@ def train(cfgs: list[SyntheticConfig], kernel: SyntheticKernel, tail_accumulator
                 flush=True,
             )
     return ensemble, histories, streams
+
+
+def _finite_steps(losses, params, skipped, cfgs, step: int):
+    """Which members' losses and gradients are finite (only those step: never apply a non-finite update), and the
+    consecutive-skip counts; too many in a row for any member is an error naming the runs."""
+    finite = torch.isfinite(losses)
+    for p in params:
+        finite &= torch.isfinite(p.grad.flatten(1)).all(1)
+    skipped = torch.where(finite, 0, skipped + 1)  # never apply a non-finite step
+    if (skipped > MAX_SKIPPED_STEPS).any():
+        bad = torch.nonzero(skipped > MAX_SKIPPED_STEPS).flatten().tolist()
+        raise FloatingPointError(
+            f"non-finite loss or gradient in {MAX_SKIPPED_STEPS + 1} consecutive steps for run(s) "
+            f"{[f'{cfgs[m].objective}-{cfgs[m].extraction} seed {cfgs[m].seed}' for m in bad]} (step {step}); lower lr"
+        )
+    return finite, skipped
 
 
 def train_single(cfg: SyntheticConfig, kernel: SyntheticKernel) -> SyntheticEncoder:

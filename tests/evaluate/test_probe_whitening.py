@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from eigtrain.evaluate import adaptive_dimension_table
+from eigtrain.accuracy_table import adaptive_dimension_table
 from eigtrain.evaluate import main as eval_main
 from eigtrain.probes import pca_features, probe_accuracy, probe_correct, whiten
 from eigtrain.rr_job import main as rr_main

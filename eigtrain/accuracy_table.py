@@ -1,0 +1,134 @@
+"""The adaptive-dimension table (eigtrain-eval): what each dimension of an embedding is worth.
+
+At each dimension k in {4, 8, ..., d}, a linear probe on frozen features for:
+  RR  the first k Rayleigh-Ritz ordered features of the full embedding,
+  JN  the first k coordinates of a joint-nesting encoder,
+  FF  separately trained k-dimensional encoders (when given),
+  RS  k random coordinates of the full embedding, averaged over many draws (trained in parallel),
+  PCA the first k principal components of the same full embedding (the unsupervised baseline),
+plus the paired differences against PCA (on the same test samples, with bootstrap intervals: `PAIRED`), an
+ordering check (RR top-k vs bottom-k) and kNN accuracy. At every k also: retrieval (1-NN accuracy
+against the training split, recall@{1,10} within the validation split; eigtrain.retrieval), bytes per
+vector (fp32/fp16/int8), measured exact-search time per query, and the smallest k within 1 and 5 points of
+each method's accuracy at full dimension.
+
+Probe: the paper's protocol is a linear classifier trained 50 epochs with SGD (lr 0.1, momentum 0.9,
+weight decay 1e-4, cosine schedule) on frozen features, here whitened on the training split (`probes.whiten`), so
+methods differ only where their subspaces do; kNN, like retrieval, uses each method's own coordinates.
+`probe="closed_form"` is a faster ridge least-squares classifier on one-hot targets; it is stated as such in every
+table.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from . import retrieval
+from .eval_report import PREFIX_METHODS, RR_PAPER
+from .knn import knn_accuracy
+from .probes import constant_shares, paired_difference, pca_features, probe_correct, smallest_k_within
+
+PAIRED = (("RR", "PCA"), (RR_PAPER, "PCA"), ("JN", "PCA"), ("FF", "PCA"), ("RR", RR_PAPER))  # the differences reported
+
+
+def adaptive_dimension_table(
+    train: Mapping[str, torch.Tensor],
+    test: Mapping[str, torch.Tensor],
+    train_y: torch.Tensor,
+    test_y: torch.Tensor,
+    dims: list[int],
+    fixed: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    random_draws: int = 50,
+    probe: str = "sgd",
+    seed: int = 0,
+    pca: bool = True,
+    retrieval_backend: str | None = "auto",
+    retrieval_draws: int = 5,
+    **probe_kwargs,
+) -> dict:
+    """Accuracy per method and dimension.
+
+    train/test hold "rr" (Rayleigh-Ritz ordered features), optionally "jn" (a joint-nesting encoder's
+    features) and "raw" (the unordered full features, for random selection and the PCA baseline). fixed maps
+    k to the (train, test) features of a separately trained k-dimensional encoder. retrieval_backend=None
+    skips retrieval and timing; RS retrieval is the mean over `retrieval_draws` random subsets.
+    """
+    train, test = dict(train), dict(test)
+    if pca and "raw" in train:
+        train["pca"], test["pca"] = pca_features(train["raw"], test["raw"])
+    hits = lambda tr, te: probe_correct(tr, train_y, te, test_y, probe=probe, seed=seed, **probe_kwargs)  # noqa: E731
+    acc = lambda tr, te: hits(tr, te).mean(-1)  # noqa: E731
+    results: dict[str, dict[int, float]] = {}
+    correct: dict[str, dict[int, torch.Tensor]] = {}  # per method and k: which test samples its probe got right
+    prefixes = {label: name for name, label in PREFIX_METHODS if name in train}
+
+    def score(label: str, pairs: Mapping[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        correct[label] = {k: hits(*pair)[0] for k, pair in pairs.items()}
+        results[label] = {k: c.mean().item() for k, c in correct[label].items()}
+
+    for label in ("RR", RR_PAPER, "JN", "FF", "PCA"):  # table order: RR, RR (paper), JN, FF, PCA, RS
+        if label == "FF" and fixed:
+            score("FF", {k: fixed[k] for k in dims if k in fixed})
+        elif label in prefixes:
+            name = prefixes[label]
+            score(label, {k: (train[name][:, :k], test[name][:, :k]) for k in dims})
+    subsets: dict[int, torch.Tensor] = {}
+    if "raw" in train and random_draws > 0:
+        subsets = _random_subsets(train["raw"].shape[1], dims, random_draws, seed)
+        results["RS"] = {
+            k: acc(*(x["raw"][:, s].permute(1, 0, 2) for x in (train, test))).mean().item() for k, s in subsets.items()
+        }
+    ordering = _ordering(train, test, results, dims, acc) if "rr" in train else {}
+    report = {
+        "dims": dims,
+        "probe": probe,
+        # each method's first k on the training split's covariance (probes.whiten), unless a caller asks otherwise
+        "probe_features": "whitened" if probe_kwargs.get("whitened", True) else "standardized",
+        "accuracy": results,
+        "ordering": ordering,
+        "knn": {name: knn_accuracy(train[name], train_y, test[name], test_y) for name in train},
+        "constant_share": constant_shares(test, prefixes, fixed),
+        "paired": _paired(correct, seed),
+    }
+    if retrieval_backend is not None:
+        backend = retrieval.resolve_backend(retrieval_backend)
+        args = (train, test, train_y, test_y, dims, prefixes, fixed, subsets, retrieval_draws, backend)
+        report.update(retrieval.retrieval_report(*args))
+    one_nn = {m: {k: v["1nn"] for k, v in r.items()} for m, r in report.get("retrieval", {}).items()}
+    report["smallest_k"] = {
+        m: {**_within(results.get(m), "accuracy"), **_within(one_nn.get(m), "1nn")} for m in results
+    }
+    return report
+
+
+def _within(row: Mapping[int, float] | None, metric: str) -> dict[str, int | None]:
+    return {f"{metric}_within_{x}pt": smallest_k_within(row, x) for x in (1, 5)} if row else {}
+
+
+def _random_subsets(d: int, dims: list[int], draws: int, seed: int) -> dict[int, torch.Tensor]:
+    """RS: `draws` random coordinate subsets of each size k (one generator, so the same subsets for every probe)."""
+    gen = torch.Generator().manual_seed(seed)
+    return {k: torch.stack([torch.randperm(d, generator=gen)[:k] for _ in range(draws)]) for k in dims}
+
+
+def _ordering(train, test, results, dims: list[int], acc) -> dict[int, dict[str, float]]:
+    """RR's top k against its bottom k: ordered features put the useful ones first."""
+    d = train["rr"].shape[1]
+    return {
+        k: {"top": results["RR"][k], "bottom": acc(train["rr"][:, d - k :], test["rr"][:, d - k :]).item()}
+        for k in dims
+        if k < d
+    }
+
+
+def _paired(correct: Mapping[str, Mapping[int, torch.Tensor]], seed: int) -> dict:
+    """Accuracy differences on the same test samples (`PAIRED`), with their bootstrap intervals."""
+    return {
+        f"{a} vs {b}": {
+            k: paired_difference(correct[a][k], correct[b][k], seed=seed) for k in correct[a] if k in correct[b]
+        }
+        for a, b in PAIRED
+        if a in correct and b in correct
+    }
