@@ -121,7 +121,7 @@ class SafeFileSystemReader(FileSystemReader):
             metadata = _MetadataUnpickler(f).load()
             if not isinstance(metadata, Metadata):
                 raise ValueError(f"holds a {type(metadata).__name__}, not DCP metadata")
-        if getattr(metadata, "storage_meta", None) is None:
+        if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata

@@ -80,10 +80,13 @@ def field_docs(cls: type) -> dict[str, str]:
             continue
         tokens = tokenize.generate_tokens(io.StringIO(source).readline)
         comments = {t.start[0]: t.string[1:].strip() for t in tokens if t.type == tokenize.COMMENT}
-        for node in ast.parse(source).body[0].body:
-            named = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-            if named and (comments.get(node.end_lineno) or node.target.id not in docs):
-                docs[node.target.id] = comments.get(node.end_lineno, "")
+        class_def = ast.parse(source).body[0]
+        assert isinstance(class_def, ast.ClassDef)  # the source of a class
+        for node in class_def.body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                comment = comments.get(node.end_lineno or 0)  # end_lineno: always set by ast.parse
+                if comment or node.target.id not in docs:
+                    docs[node.target.id] = comment or ""
     return docs
 
 

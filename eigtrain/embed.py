@@ -81,6 +81,7 @@ def open_run(
     """The run's encoder: its final export, or a given checkpoint (run_dir/checkpoints/step-N). `data`: the
     command line's data.shards / val_shards / shard_index (replacing the saved config's; None keeps it) and
     allow_pipe (see eigtrain.data.pipe_trust)."""
+    step: Path | None
     if checkpoint:
         step = Path(checkpoint)
         if not step.is_dir():
@@ -88,6 +89,7 @@ def open_run(
         run = Path(run_dir) if run_dir else step.parent.parent
         check_step(step)  # complete, and its files as they were saved: else one line, nothing read
     else:
+        assert run_dir is not None  # eigtrain-rr and eigtrain-eval require run_dir or checkpoint
         run = Path(run_dir)
         if not (run / "config.yaml").exists():
             raise FileNotFoundError(f"{run} is not a training run directory (no config.yaml)")
@@ -182,7 +184,8 @@ def reduce_views(encode, stream: ShardStream, augment, acc: RRAccumulator, devic
         )
         with autocast(device):
             z = encode(torch.cat([v1, v2]))
-        acc.update(*z.float().chunk(2), fold=key_folds(batch["key"], len(acc.folds or ())))
+        z1, z2 = z.float().chunk(2)
+        acc.update(z1, z2, fold=key_folds(batch["key"], len(acc.folds or ())))
     return acc
 
 
@@ -223,11 +226,13 @@ def embed_split(run: TrainedRun, split: str, batch_size: int = 512, num_workers:
     data = run.cfg.data
     stream = _stream(run, split, batch_size, num_workers, 0, 1, device)
     normalize = build_augment("none", image_size=data.view_size, **normalization(data)).to(device)
+    encoder = run.encoder.phi if run.pairs else run.encoder
+    assert isinstance(encoder, nn.Module)
     zs, labels, keys = [], [], []
     for batch in stream:
         images = batch["x"] if run.pairs else batch["image"]
         x = normalize.view(images.to(device), None, 0, batch.get("size"))  # a padded batch: each valid region
-        zs.append((run.encoder.phi if run.pairs else run.encoder)(x).float().cpu())
+        zs.append(encoder(x).float().cpu())
         labels.append(batch["label"])
         keys += batch["key"]
     order = sorted(range(len(keys)), key=keys.__getitem__)  # worker interleaving is not part of the result

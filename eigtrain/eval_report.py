@@ -255,6 +255,7 @@ def _plot_retrieval(report: dict, path: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     dims = report["dims"]
@@ -278,7 +279,7 @@ def _plot_retrieval(report: dict, path: Path, title: str) -> None:
     ax.minorticks_off()
     ax.set_xlabel("representation size k")
     ax.set_ylabel("accuracy / recall (%)")
-    top = ax.secondary_xaxis("top", functions=(lambda k: 4 * k, lambda b: b / 4))
+    top = ax.secondary_xaxis("top", functions=(lambda k: np.multiply(k, 4), lambda b: np.divide(b, 4)))
     top.set_xticks([4 * k for k in dims], labels=[str(4 * k) for k in dims])
     top.minorticks_off()
     top.set_xlabel("bytes per vector, fp32 (fp16: 1/2, int8: 1/4)")

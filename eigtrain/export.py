@@ -100,6 +100,7 @@ def _remove_export(path: Path) -> None:
 def _write_export(result: RRResult, out: Path, source: dict, plot: bool) -> None:
     tensors = {"eigenvalues": result.eigenvalues, "transform": result.transform, "mean": result.mean}
     if result.right_transform is not None:
+        assert result.right_mean is not None  # the pairs case sets both
         tensors.update(right_transform=result.right_transform, right_mean=result.right_mean)
     tensors.update(_trivial_tensors(result))
     head_input = source.get("input", "raw")
@@ -186,6 +187,10 @@ def plot_decay(eigenvalues: torch.Tensor, path: str | os.PathLike, title: str = 
 class OrderedHead(nn.Module):
     """z -> (z - mean) @ transform[:, :k]: the first k ordered features, for any k. l2_normalize: the export was
     solved on z / ||z|| (a run whose objective normalizes, e.g. SCL): the head normalizes z first (idempotent)."""
+
+    transform: torch.Tensor  # buffers
+    mean: torch.Tensor
+    eigenvalues: torch.Tensor
 
     def __init__(
         self, transform: torch.Tensor, mean: torch.Tensor, eigenvalues: torch.Tensor, l2_normalize: bool = False

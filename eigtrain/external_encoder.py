@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -72,7 +73,7 @@ def _build(spec: str, checkpoint: str | None, kwargs: dict | None, in_chans: int
 
 def _classifier_prefixes(model: nn.Module) -> tuple[str, ...]:
     """Keys of the classifier a pretrained timm checkpoint carries but a num_classes=0 model lacks."""
-    names = model.pretrained_cfg.get("classifier") or ()
+    names = cast(dict, model.pretrained_cfg).get("classifier") or ()  # timm's config of the model, a dict
     return tuple(f"{n}." for n in ([names] if isinstance(names, str) else names))
 
 

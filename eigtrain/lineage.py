@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 log = logging.getLogger("eigtrain.train")
 
@@ -58,7 +58,7 @@ LINEAGE_KEYS = (
 _ABSENT = "<absent>"
 
 
-def _value(cfg: DictConfig, key: str) -> Any:
+def _value(cfg: DictConfig | ListConfig, key: str) -> Any:
     """The key's value, or _ABSENT where the saved config (an older run's) has no such key: a fact about the file
     compared as such, not a default standing in for a setting."""
     parent, _, leaf = key.rpartition(".")
@@ -69,7 +69,7 @@ def _value(cfg: DictConfig, key: str) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
-def changes(saved: DictConfig, new: DictConfig) -> dict[str, tuple[Any, Any]]:
+def changes(saved: DictConfig | ListConfig, new: DictConfig) -> dict[str, tuple[Any, Any]]:
     """{key: (saved value, new value)} for every lineage key that differs."""
     return {k: (_value(saved, k), _value(new, k)) for k in LINEAGE_KEYS if _value(saved, k) != _value(new, k)}
 
@@ -84,7 +84,7 @@ def check_resume(run_dir: Path, new: DictConfig | dict, step: int, allow_new_lin
         saved = OmegaConf.load(saved_path)
     except Exception as error:  # YAML errors of every kind: the refusal names the file
         return f"cannot read {saved_path}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
-    changed = changes(saved, new if OmegaConf.is_config(new) else OmegaConf.create(new))
+    changed = changes(saved, new if isinstance(new, DictConfig) else OmegaConf.create(new))
     if not changed:
         return ""
     key, (old, value) = next(iter(changed.items()))

@@ -14,7 +14,7 @@ import time
 import uuid
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, cast
 
 import torch
 
@@ -72,7 +72,7 @@ class MetricsLog:
         config: Mapping[str, Any],
         resume_step: int,
     ):
-        wandb_cfg = typed(WandbConfig, wandb_cfg)
+        wandb_cfg = cast(WandbConfig, typed(WandbConfig, wandb_cfg))  # typed returns Any
         self.path = Path(run_dir) / "metrics.jsonl"
         truncate_metrics(self.path, resume_step)
         self._file = open(self.path, "a")
@@ -261,7 +261,7 @@ def run_environment(repo_dir: Path) -> dict[str, Any]:
         except (OSError, subprocess.TimeoutExpired):
             return None
 
-    versions = {}
+    versions: dict[str, str | None] = {}
     for lib in _LIBRARIES:
         try:
             versions[lib] = metadata.version(lib)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 import torch
 from torch import nn
@@ -52,7 +52,7 @@ class KNNMonitor(MonitorSchedule):
         pairs: bool,
         cache_dir: Path | None = None,
     ):
-        self.cfg, data = typed(MonitorConfig, cfg), typed(DataConfig, data)
+        self.cfg, data = typed(MonitorConfig, cfg), cast(DataConfig, typed(DataConfig, data))  # typed returns Any
         check_splits(data, (self.cfg.train_split, self.cfg.val_split))
         self.data, self.dim, self.seed, self.device, self.autocast, self.pairs = (
             data,
@@ -98,6 +98,7 @@ class KNNMonitor(MonitorSchedule):
     def __call__(self, model: nn.Module) -> dict[str, float]:
         """{"knn/k": accuracy} for each prefix size k, with the current weights of ``model`` (the plain module)."""
         encoder = model.phi if self.pairs else model
+        assert isinstance(encoder, nn.Module)
         was_training, rng = model.training, random_state.rng_state()
         model.eval()
         try:

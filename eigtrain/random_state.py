@@ -25,6 +25,7 @@ def seed_all(*entropy: int) -> int:
 def rng_state(generators: Mapping[str, torch.Generator] | None = None) -> dict[str, Any]:
     """Every RNG this process draws from, in a form ``torch.load(weights_only=True)`` accepts."""
     np_state = np.random.get_state()
+    assert isinstance(np_state, tuple)  # the global MT19937's legacy state (a dict only for other bit generators)
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(_plain, np_state[2:])),

@@ -44,9 +44,9 @@ class RunLock:
                 f"{Path(run_dir)} is being written by another eigtrain-train ({_describe(holder)}): one writer per "
                 f"run directory; wait for it to end or choose another run_dir (a holder that died frees it by itself)"
             ) from None
-        holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        held_by = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, (json.dumps(holder) + "\n").encode(), 0)
+        os.pwrite(self._fd, (json.dumps(held_by) + "\n").encode(), 0)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -57,7 +57,7 @@ class RunLock:
 class WriterSlot:
     """Context for a trainer: `take` the run directory's lock (rank 0); released when the block ends, however."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock: RunLock | None = None
 
     def take(self, run_dir: Path) -> str:

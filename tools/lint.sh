@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The house rules, as .ci/run checks them before the tests: ruff's lint and its formatter (pyproject.toml's
-# [tool.ruff]; line length 120). `bash tools/lint.sh --fix` rewrites the files instead of checking them.
+# [tool.ruff]; line length 120), then mypy's type check of the package ([tool.mypy]). `bash tools/lint.sh --fix`
+# rewrites the files instead of checking them (the type check still runs: it fixes nothing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q -e '.[dev]'
 if [ "${1:-}" = "--fix" ]; then
-  .venv/bin/ruff check --fix .
-  .venv/bin/ruff format .
+  .venv/bin/python -m ruff check --fix .
+  .venv/bin/python -m ruff format .
 else
-  .venv/bin/ruff check .
-  .venv/bin/ruff format --check .
+  .venv/bin/python -m ruff check .
+  .venv/bin/python -m ruff format --check .
 fi
+.venv/bin/python -m mypy

@@ -24,6 +24,7 @@ The random draws are `augment_draws`, the operations `augment_ops`.
 from __future__ import annotations
 
 import warnings
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -36,7 +37,7 @@ from .augment_recipes import NORMALIZATION, PRESETS, ViewRecipe
 
 def build_augment(
     preset: str,
-    image_size: int | tuple[int, int] | None = None,
+    image_size: int | Sequence[int] | None = None,
     mean: tuple[float, ...] | None = None,
     std: tuple[float, ...] | None = None,
     *,
@@ -51,14 +52,16 @@ def build_augment(
         raise ValueError(f"unknown augmentation preset {preset!r}; allowed: {sorted(PRESETS)}")
     default_mean, default_std = NORMALIZATION[preset]
     augment = BatchAugment(PRESETS[preset], image_size, mean or default_mean, std or default_std)
-    augment.compile, augment.dtype, augment.channels_last = compile, dtype, channels_last
+    augment.compile_views, augment.dtype, augment.channels_last = compile, dtype, channels_last
     return augment
 
 
 class BatchAugment(nn.Module):
-    compile = False  # the accelerator path compiled (`build_augment`)
+    compile_views = False  # the accelerator path compiled (`build_augment`; not nn.Module.compile)
     dtype = torch.float32  # the views' dtype
     channels_last = False  # the views' memory layout
+    mean: torch.Tensor  # buffers (1, C, 1, 1)
+    std: torch.Tensor
 
     def __init__(self, views: tuple[ViewRecipe, ViewRecipe], image_size, mean, std):
         super().__init__()
@@ -106,15 +109,15 @@ class BatchAugment(nn.Module):
         self, images: torch.Tensor, block: torch.Tensor, index: int = 0, sizes: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The accelerator path of view `index` from its random block: every operation on the whole batch, kept per
-        sample with `where` (no host synchronisation); compiled into one graph when `compile` is set."""
+        sample with `where` (no host synchronisation); compiled into one graph when `compile_views` is set."""
         size = tuple(self.image_size or images.shape[-2:])
         recipe, options = self.views[index], (size, self.dtype, self.channels_last)
-        if self.compile:
+        if self.compile_views:
             try:
                 return compiled_view(recipe, *options)(images, block, sizes, self.mean, self.std)
             except Exception as exn:  # a compiler that fails here must not stop training: the same views, eager
                 warnings.warn(f"augmentation not compiled ({type(exn).__name__}: {str(exn)[:200]}); running eager")
-                self.compile = False
+                self.compile_views = False
         return batched_view(images, block, sizes, self.mean, self.std, recipe=recipe, size=size, dtype=self.dtype,
                             channels_last=self.channels_last)  # fmt: skip
 

@@ -6,26 +6,29 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 
 from .augment_recipes import ViewRecipe
 
+Rows = TypeVar("Rows", torch.Tensor, list)  # per-sample values: tensors as drawn, Python lists on the host
+
 
 @dataclass
-class Draws:
+class Draws(Generic[Rows]):
     """One view's random parameters for a batch, drawn in a fixed order (the generator advances alike whatever
     the data). Boxes are (x0, y0, w, h) in pixels inside each image's valid (height, width) `region`."""
 
-    region: torch.Tensor
-    boxes: torch.Tensor
-    flip: torch.Tensor
+    region: Rows
+    boxes: Rows
+    flip: Rows
     jitter: tuple | None = None  # factors (4, B), order (B, 4), apply (B,)
-    gray: torch.Tensor | None = None
+    gray: Rows | None = None
     blur: tuple | None = None  # sigma (B,), apply (B,)
-    solarize: torch.Tensor | None = None
+    solarize: Rows | None = None
 
-    def to_host(self) -> "Draws":
+    def to_host(self: "Draws[torch.Tensor]") -> "Draws[list]":
         """The per-sample choices as Python lists (factors and sigmas stay tensors)."""
         j, b = self.jitter, self.blur
         return Draws(
@@ -38,7 +41,7 @@ class Draws:
             _list(self.solarize),
         )
 
-    def rows(self, start: int, stop: int) -> "Draws":
+    def rows(self, start: int, stop: int) -> "Draws[Rows]":
         """The samples start..stop of host draws."""
         cut, j, b = slice(start, stop), self.jitter, self.blur
         return Draws(
@@ -104,7 +107,7 @@ class Sampler:
         return self.uniform(0.0, 1.0) < p
 
 
-def draw(recipe: ViewRecipe, rand: Sampler, shape, size, sizes: torch.Tensor | None) -> Draws:
+def draw(recipe: ViewRecipe, rand: Sampler, shape, size, sizes: torch.Tensor | None) -> Draws[torch.Tensor]:
     """Every random parameter of one view, in the order: crop, flip, jitter, grayscale, blur, solarization."""
     B = shape[0]
     if sizes is None:

@@ -29,7 +29,7 @@ def crop_one(image: torch.Tensor, region, box, flip: bool, size, recipe: ViewRec
     return crop.flip(-1) if flip else crop
 
 
-def resample(x: torch.Tensor, recipe: ViewRecipe, draws: Draws, size, sizes) -> torch.Tensor:
+def resample(x: torch.Tensor, recipe: ViewRecipe, draws: Draws[torch.Tensor], size, sizes) -> torch.Tensor:
     """The batched crop + flip + resize: every box resampled at once by grid_sample (continuous boxes, no
     antialiasing: keep the stored or worker-resized images close to the output size)."""
     B, C, canvas_h, canvas_w = x.shape
@@ -91,6 +91,7 @@ def colour_blur_solarize(x: torch.Tensor, recipe: ViewRecipe, draws, pick) -> to
     applied to the samples that drew it; `pick` is `where` (batched) or `select` (CPU)."""
     if draws.jitter is not None:
         factors, order, apply = draws.jitter
+        assert recipe.jitter is not None  # `draw` draws jitter only for a recipe with jitter
         b, c, s, h = recipe.jitter
         active = [b > 0, c > 0, s > 0 and x.shape[1] == 3, h > 0 and x.shape[1] == 3]
         if pick is where:
@@ -143,11 +144,14 @@ def _jitter_folded(
             if active[1] or active[2]:
                 g = gray(x)
                 if active[1]:
+                    assert does[1] is not None  # does[i] is a mask wherever active[i]
                     target = torch.where(_column(does[1]), g.mean(dim=(1, 2, 3), keepdim=True), target)
                 if active[2]:
+                    assert does[2] is not None
                     target = torch.where(_column(does[2]), g, target)
             x = (f * x + (1 - f) * target).clamp_(0, 1)
         if active[3]:
+            assert does[3] is not None
             x = where(x, does[3], _hue, _column(factors[3]))
     return x
 

@@ -13,7 +13,7 @@ then normalization ``(x / 255 - mean) / std`` with the preset's `NORMALIZATION` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -31,12 +31,12 @@ class ViewRecipe:
 
 
 _CIFAR = ViewRecipe(crop_scale=(0.2, 1.0), jitter=(0.4, 0.4, 0.4, 0.1), gray_p=0.2)
-_VICREG = dict(crop_scale=(0.08, 1.0), jitter=(0.4, 0.4, 0.2, 0.1), gray_p=0.2, interpolation="bicubic")
+_VICREG = ViewRecipe(crop_scale=(0.08, 1.0), jitter=(0.4, 0.4, 0.2, 0.1), gray_p=0.2, interpolation="bicubic")
 _NONE = ViewRecipe(crop_scale=None, flip_p=0.0)
 
 PRESETS: dict[str, tuple[ViewRecipe, ViewRecipe]] = {
     "cifar": (_CIFAR, _CIFAR),
-    "imagenet": (ViewRecipe(**_VICREG, blur_p=1.0, solarize_p=0.0), ViewRecipe(**_VICREG, blur_p=0.1, solarize_p=0.2)),
+    "imagenet": (replace(_VICREG, blur_p=1.0, solarize_p=0.0), replace(_VICREG, blur_p=0.1, solarize_p=0.2)),
     "digits": (ViewRecipe(crop_scale=(0.7, 1.0), crop_ratio=(0.8, 1.25), flip_p=0.0),) * 2,
     "none": (_NONE, _NONE),
 }

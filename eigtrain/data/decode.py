@@ -74,8 +74,8 @@ def parse_keys(keys: str | Sequence[str] | None, default: tuple[str, ...]) -> tu
     """Member-name alternatives from ``"jpg;png"`` or a list; None gives `default`."""
     if keys is None:
         return default
-    items = keys.split(";") if isinstance(keys, str) else list(keys)
-    items = tuple(k.strip().lstrip(".") for k in items if k.strip())
+    parts = keys.split(";") if isinstance(keys, str) else list(keys)
+    items = tuple(k.strip().lstrip(".") for k in parts if k.strip())
     if not items:
         raise ValueError(f"no member names in {keys!r}")
     return items
@@ -133,10 +133,10 @@ def fit_whole(image: torch.Tensor, size: tuple[int, int]) -> tuple[torch.Tensor,
 def fit_image(image: torch.Tensor, size: tuple[int, int] | None, fit: str) -> tuple[torch.Tensor, tuple[int, int]]:
     """An image at `size` by `fit` (see DecodeSpec) and the valid (height, width) in it."""
     if size is None:
-        return image, tuple(image.shape[-2:])
+        return image, (image.shape[-2], image.shape[-1])
     if fit == "whole":
         return fit_whole(image, size)
-    return resize_crop(image, size), tuple(size)
+    return resize_crop(image, size), (size[0], size[1])
 
 
 def _pil_draft_decode(data: bytes, channels: int, size: tuple[int, int], fit: str) -> torch.Tensor | None:

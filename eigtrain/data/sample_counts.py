@@ -17,6 +17,7 @@ import os
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import cast
 from urllib.parse import urljoin, urlparse
 from urllib.request import urlopen
 
@@ -92,7 +93,8 @@ def known_counts(urls: list[str], shard_index: str | None, timeout_s: float) -> 
     for url in list(first_of_dir.values())[:8]:  # shards usually share one directory; look in a few at most
         for name, reader in ((WIDS_INDEX_NAME, read_wids_index), (EIGTRAIN_INDEX_NAME, _read_eigtrain_counts)):
             try:
-                counts.update(reader(_sibling(url, name), min(timeout_s, 10.0)))
+                index = cast(str, _sibling(url, name))  # None only for pipe: URLs, which first_of_dir leaves out
+                counts.update(reader(index, min(timeout_s, 10.0)))
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue  # no index there (or not one we read): the scan covers those shards
     return _keyed_by(urls, counts)

@@ -194,7 +194,7 @@ def imagefolder_source(path: str | Path, seed: int = 0) -> Source:
         raise ValueError(f"imagefolder source: {root / 'train'} has no class folders")
     class_index = {c: i for i, c in enumerate(classes)}
     rng = np.random.default_rng(seed)
-    splits = {}
+    splits: dict[str, Iterable[dict]] = {}
     for split in IMAGEFOLDER_SPLITS:
         split_dir = root / split
         if not split_dir.is_dir():
@@ -269,7 +269,7 @@ def npz_source(path: str | Path, val_fraction: float = 0.2, seed: int = 0) -> So
     a_is_vector = a is not None and a.ndim == 2
     if a is not None and not a_is_vector:
         a = _as_chw_uint8(a, "a", file)
-    if a_is_vector and not np.issubdtype(a.dtype, np.number):
+    if a is not None and a_is_vector and not np.issubdtype(a.dtype, np.number):
         raise ValueError(f"npz source: {file}: vector array 'a' must be numeric, got {a.dtype}")
 
     image_field = "png" if a is None else "x.png"

@@ -6,7 +6,7 @@ Every builder returns a module mapping a batch to (batch, num_features) and expo
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 import torch
 from torch import nn
@@ -65,7 +65,9 @@ class MLP(nn.Module):
 def _cifar_stem(resnet: nn.Module, in_chans: int) -> None:
     # Small images (32x32): a 3x3 stride-1 first conv and no max-pool keep the spatial resolution
     # (the usual SimCLR/SimSiam CIFAR variant).
-    width = resnet.conv1.out_channels
+    conv1 = resnet.conv1
+    assert isinstance(conv1, nn.Conv2d)  # timm's ResNets have a plain conv stem
+    width = conv1.out_channels
     resnet.conv1 = nn.Conv2d(in_chans, width, kernel_size=3, stride=1, padding=1, bias=False)
     resnet.maxpool = nn.Identity()
 
@@ -73,7 +75,7 @@ def _cifar_stem(resnet: nn.Module, in_chans: int) -> None:
 def build_backbone(cfg: ModelConfig | Mapping[str, Any], input_shape: Sequence[int]) -> nn.Module:
     """Build the backbone of the ``model`` config (a ModelConfig; a mapping of some keys takes the schema's defaults
     for the rest) for inputs of ``input_shape`` ((C, H, W) for images, (n,) for vectors)."""
-    cfg = typed(ModelConfig, cfg)
+    cfg = cast(ModelConfig, typed(ModelConfig, cfg))  # typed returns Any
     name, width, depth, patch_size = cfg.backbone, cfg.width, cfg.depth, cfg.patch_size
     if name not in BACKBONES:
         raise ValueError(f"model.backbone={name!r} is not known; allowed: {', '.join(BACKBONES)}")

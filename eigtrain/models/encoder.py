@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 import torch
 from torch import nn
@@ -50,8 +50,8 @@ class PairEncoder(nn.Module):
 
     def __init__(self, phi: Encoder, psi: Encoder):
         super().__init__()
-        self.phi = phi
-        self.psi = psi
+        self.phi: nn.Module = phi  # an Encoder, or a wrapper of one (eigtrain.embed.L2Normalized)
+        self.psi: nn.Module = psi
 
     def forward(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.phi(x), self.psi(a)
@@ -60,7 +60,7 @@ class PairEncoder(nn.Module):
 def _build_one(cfg: ModelConfig, dim: int, input_shape: Sequence[int]) -> Encoder:
     backbone = build_backbone(cfg, input_shape)
     projector = Projector(
-        backbone.num_features,
+        cast(int, backbone.num_features),  # every backbone exposes num_features (build_backbone)
         dim,
         hidden=cfg.projector_hidden,
         layers=cfg.projector_layers,
@@ -82,7 +82,7 @@ def build_encoder(
     ``input_shape`` and ``psi`` for contexts, whose architecture is ``cfg.context`` merged over ``cfg``
     (``context: null`` means the same architecture as ``phi``).
     """
-    cfg = typed(ModelConfig, cfg)
+    cfg = cast(ModelConfig, typed(ModelConfig, cfg))  # typed returns Any
     encoder = _build_one(cfg, dim, input_shape)
     if context_shape is None:
         return encoder

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 from torch import nn
@@ -109,7 +109,8 @@ class Objective(nn.Module):
 
     def global_mean(self, *zs: torch.Tensor) -> torch.Tensor:
         """Mean over the global batch of the given (pooled) tensors, differentiable."""
-        s = {"sum": sum(z.sum(0) for z in zs), "n": device_scalar(sum(len(z) for z in zs), zs[0])}
+        total = cast(torch.Tensor, sum(z.sum(0) for z in zs))  # a tensor: zs is not empty
+        s = {"sum": total, "n": device_scalar(sum(len(z) for z in zs), zs[0])}
         s = all_reduce_sum(s, self.distributed)
         return s["sum"] / s["n"]
 
@@ -159,6 +160,7 @@ class Objective(nn.Module):
             # This rank's own sums stay as they are; the others' rows arrive whole, and their moments are
             # added. Ranks are concatenated in order (split-batch objectives keep each rank's even/odd split,
             # as every local batch is even).
+            assert sizes is not None  # the gather route comes with every rank's size
             others = gather_other_rows(torch.cat([f, g], 1), sizes)
             more = self.local_stats(others[:, : f.shape[1]], others[:, f.shape[1] :], ctx)
             stats = {k: v + more[k] for k, v in stats.items()}

@@ -100,6 +100,7 @@ class MemberAdam:
         for p, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq):
             shape = (-1,) + (1,) * (p.ndim - 1)
             keep = active.view(shape)
+            assert p.grad is not None  # the step follows the backward pass
             g = torch.where(keep, p.grad, torch.zeros((), dtype=p.dtype))
             new_m = m.lerp(g, 1 - beta1)
             new_v = v.mul(beta2).addcmul_(g, g, value=1 - beta2)

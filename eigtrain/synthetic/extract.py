@@ -19,6 +19,7 @@ every extraction of a VICReg run works on centered features. benchmarks/syntheti
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -140,7 +141,7 @@ def evaluate(
     grid = torch.linspace(-1, 1, CURVE_POINTS, dtype=torch.float64).unsqueeze(1).expand(-1, kernel.input_dim)
     z_grid = encode(encoder, grid.float())
     psi_grid = kernel.eigenfunctions(grid)
-    out = {
+    out: dict[str, Any] = {
         "curve_grid": rounded(grid[:, 0]),
         "curve_true": rounded(psi_grid[:, target].T),
         "curve_true_top": rounded(psi_grid[:, :d].T),

@@ -188,6 +188,7 @@ def run_grid(grid: Grid) -> list[Path]:
             results = run_ensemble(todo_cfgs)
             cell = compact(grid.recipe, todo, seeds, todo_cfgs, results, time.perf_counter() - start)
             if kept:  # merge: the stored methods first, in the paper's column order
+                assert stored is not None  # kept comes from it
                 cell["wall_seconds"] = round(cell["wall_seconds"] + stored["wall_seconds"], 1)
                 merged = {**kept, **cell["methods"]}
                 cell["methods"] = {m: merged[m] for m in METHODS if m in merged}

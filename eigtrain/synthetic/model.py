@@ -16,6 +16,10 @@ class InputFeatures(nn.Module):
     the paper), or with fourier_products the tensor products prod_j cos(i_j pi a_j), 0 <= i_j <= rank
     (the Fourier analogue of the paper's monomials)."""
 
+    exponents: torch.Tensor  # buffers: exponents (legendre), or frequencies and orders (fourier)
+    frequencies: torch.Tensor
+    orders: torch.Tensor
+
     def __init__(self, kernel_name: str, input_dim: int, rank: int, fourier_products: bool = False):
         super().__init__()
         self.kernel_name = kernel_name
