@@ -21,7 +21,7 @@ table.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -81,7 +81,7 @@ def adaptive_dimension_table(
             k: acc(*(x["raw"][:, s].permute(1, 0, 2) for x in (train, test))).mean().item() for k, s in subsets.items()
         }
     ordering = _ordering(train, test, results, dims, acc) if "rr" in train else {}
-    report = {
+    report: dict[str, Any] = {
         "dims": dims,
         "probe": probe,
         # each method's first k on the training split's covariance (probes.whiten), unless a caller asks otherwise

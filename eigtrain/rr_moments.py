@@ -24,6 +24,19 @@ def _t_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(a.numpy().T @ b.numpy())
 
 
+def _synced(name: str) -> property:
+    """A statistic of the whole, merged from the folds when read (RRAccumulator._sync)."""
+
+    def get(self):
+        self._sync()
+        return getattr(self, "_" + name)
+
+    def put(self, value):
+        setattr(self, "_" + name, value)
+
+    return property(get, put)
+
+
 class RRAccumulator:
     """Streaming float64 statistics of pairs: count, means, centered co-moment sums."""
 
@@ -57,22 +70,11 @@ class RRAccumulator:
         if self._stale:
             self._stale = False
             self._reset()
-            for fold in self.folds:
+            for fold in self.folds or ():
                 self._merge(fold.n, fold.mean_f, fold.mean_g, fold.c_ff, fold.c_gg, fold.c_fg)
-
-    def _synced(name: str):  # noqa: N805 -- a property factory used in the class body
-        def get(self):
-            self._sync()
-            return getattr(self, "_" + name)
-
-        def put(self, value):
-            setattr(self, "_" + name, value)
-
-        return property(get, put)
 
     n, mean_f, mean_g = _synced("n"), _synced("mean_f"), _synced("mean_g")
     c_ff, c_gg, c_fg = _synced("c_ff"), _synced("c_gg"), _synced("c_fg")
-    del _synced
 
     # -- accumulation ---------------------------------------------------------------------
     @torch.no_grad()
