@@ -151,7 +151,7 @@ def evaluate(cfg) -> tuple[dict, dict]:
     report["weights"] = [weights_record(r) for r in runs] if cfg.run_dir else []  # which step each run was scored at
     if "rr" in train and cfg.run_dir:
         report["rr_export"] = provenance  # whose weights the export was solved on (eigtrain.provenance)
-    if "rr" in train:  # the k the export's spectrum suggests, beside the k the probes measured
+    if head is not None and rr_dir:  # the k the export's spectrum suggests, beside the k the probes measured
         report["spectrum"] = spectrum_report(head.eigenvalues, dims, report["smallest_k"].get("RR", {}))
         manifest = json.loads((Path(rr_dir) / MANIFEST).read_text())
         report["rr_cuts"] = manifest.get("cuts")  # None: an export from before, folds=0, or too few samples

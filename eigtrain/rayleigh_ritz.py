@@ -66,6 +66,7 @@ class RRResult:
     def apply_right(self, z: torch.Tensor, k: int | None = None) -> torch.Tensor:
         if self.right_transform is None:
             raise ValueError(f"mode {self.mode!r} has no right-side transform (only 'svd' does)")
+        assert self.right_mean is not None  # set with the right transform
         return (z.to(F64) - self.right_mean.to(z.device)) @ self.right_transform[:, :k].to(z.device)
 
 
@@ -255,7 +256,7 @@ def solve(
     whitener = _cholesky_whitener(gram, ridge, rtol, acc.n) if mode == "generalized" else None
     if whitener is None:
         evals, evecs = _range(gram, ridge, rtol, "the embedding", acc.n)
-    extra = {}
+    extra: dict = {}
     if mode == "generalized":  # the exact solve: whiten by the Gram on its range, then K's eigenbasis there
         w = evecs * evals.rsqrt() if whitener is None else whitener
         values, y = _descending_eigh(w.T @ cross @ w)
@@ -272,6 +273,6 @@ def solve(
     readout = constant_readout(raw, pooled, rtol, full_rank=ridge == 0 and len(evals) == len(gram)) if exclude else None
     rank = _rank(gram, ridge, rtol, evals)
     result.dims = _dims_report(gram, raw, pooled, exclude, rtol, transform.shape[1], rank, readout)
-    if exclude:
+    if readout is not None:  # the constant excluded: its read-out
         result.trivial = {"eigenvalue": 1.0, "transform": readout[0], "residual": readout[1]}
     return result

@@ -10,6 +10,8 @@ matmuls instead of M processes. Member m is the single run of its config up to m
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -83,7 +85,7 @@ class MemberAdam:
     """Adam (torch's single-tensor arithmetic, default betas/eps) with a step count per member, so that a
     member whose step is skipped (non-finite loss or gradient) is left exactly as a single run leaves it."""
 
-    def __init__(self, params: list[torch.Tensor], members: int, betas=(0.9, 0.999), eps=1e-8):
+    def __init__(self, params: Sequence[torch.Tensor], members: int, betas=(0.9, 0.999), eps=1e-8):
         self.params, self.betas, self.eps = params, betas, eps
         self.exp_avg = [torch.zeros_like(p) for p in params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in params]

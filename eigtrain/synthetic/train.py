@@ -161,15 +161,15 @@ def train(cfgs: list[SyntheticConfig], kernel: SyntheticKernel, tail_accumulator
     tail_start = cfg.steps - round(cfg.rr_tail * cfg.steps)
     n = cfg.batch_size
 
-    histories = [[] for _ in cfgs]
+    histories: list[list[dict]] = [[] for _ in cfgs]
     skipped = torch.zeros(len(cfgs), dtype=torch.long)
     start = time.perf_counter()
     for step in range(cfg.steps):
         lr = learning_rate(cfg, step)
         batches = [torch.cat(streams[s].next()) for s in seeds]
         z = ensemble(torch.stack(batches)[member_seed])  # (M, 2n, d): one forward for both views
-        losses, terms = zip(*(obj(zm[:n], zm[n:]) for obj, zm in zip(objectives, z)))
-        losses = torch.stack(losses)
+        outputs = [obj(zm[:n], zm[n:]) for obj, zm in zip(objectives, z)]
+        losses, terms = torch.stack([loss for loss, _ in outputs]), [t for _, t in outputs]
         for p in params:
             p.grad = None
         losses.sum().backward()  # members share no parameters: each gets its own loss's gradient
