@@ -98,12 +98,25 @@ class MetricsLog:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._wandb is not None:
-            self._wandb.log({k: v for k, v in record.items() if k != "eigenvalues"}, step=step)
+            self._wandb.log(wandb_record(record), step=step)
 
     def close(self) -> None:
         self._file.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+WANDB_EIGENVALUES = 64  # curves in wandb; the whole spectrum stays in metrics.jsonl
+
+
+def wandb_record(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A metrics.jsonl record as wandb plots it: the spectrum as one curve per eigenvalue over the steps
+    (`eigenvalue/001` the largest, up to WANDB_EIGENVALUES), every other value as it is."""
+    out = {k: v for k, v in record.items() if k != "eigenvalues"}
+    spectrum = record.get("eigenvalues")
+    if isinstance(spectrum, list) and all(isinstance(v, (int, float)) for v in spectrum):
+        out.update({f"eigenvalue/{i:03d}": v for i, v in enumerate(spectrum[:WANDB_EIGENVALUES], 1)})
+    return out
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
