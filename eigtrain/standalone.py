@@ -145,6 +145,7 @@ def example_input(metadata: dict, batch: int = 2) -> torch.Tensor:
 def write_torchscript(model: nn.Module, metadata: dict, path: Path) -> None:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated, yet the one torch-only format
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # a ViT's image-size assert: the size is fixed
         traced = torch.jit.trace(model, example_input(metadata), check_trace=False)
         torch.jit.save(traced, str(path), _extra_files={META_NAME: json.dumps(metadata)})
 

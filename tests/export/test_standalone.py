@@ -133,3 +133,29 @@ def test_overwrite_only_its_own_file(exported_run, tmp_path):
     before = out.stat().st_mtime_ns
     assert export_main([f"run_dir={exported_run}", f"out={out}", "overwrite=true"]) == 0
     assert read_metadata(out)["format"] == "eigtrain-standalone-v1" and out.stat().st_mtime_ns != before
+
+
+@pytest.fixture(scope="module")
+def vit_run(tmp_path_factory, digits_root):
+    """A ViT-B/16-shaped run (timm, depth 2, width 64) on 32x32 views of the digits, 2 steps, and its export."""
+    root = tmp_path_factory.mktemp("standalone_vit")
+    small = "model.timm_kwargs={depth: 2, embed_dim: 64, num_heads: 2}"
+    overrides = ["model.backbone=timm:vit_base_patch16_224", small, "data.view_size=[32,32]", "steps=2"]
+    run(compose_config(["experiment=cpu_debug", f"run_dir={root / 'run'}", f"data.root={digits_root}", *overrides]))
+    assert rr_main([f"run_dir={root / 'run'}", "num_workers=0", "batch_size=512"]) == 0
+    return root / "run"
+
+
+def test_vit_run_exports_to_both_formats(vit_run, tmp_path):
+    images = (load_digits().images[:9] * 16).clip(0, 255).astype(np.uint8)
+    images = np.kron(images, np.ones((4, 4), np.uint8))[:, None]  # 32x32, the training resolution: no resize
+    expected, _ = eigtrain_pipeline(vit_run, images)
+    x = torch.from_numpy(images.astype(np.float32) / 255)
+    for fmt in ("torchscript", "onnx"):
+        assert export_main([f"run_dir={vit_run}", f"format={fmt}", f"out={tmp_path / fmt}"]) == 0
+    got = torch.jit.load(str(tmp_path / "torchscript"))(x).detach().numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4)
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(tmp_path / "onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"images": x.numpy()})[0], expected, rtol=0, atol=1e-4)
