@@ -83,8 +83,8 @@ def build_standalone(run_dir: str | os.PathLike, rr_dir: str | os.PathLike | Non
             f"or pass rr=PATH"
         )
     source = _read_manifest(rr / MANIFEST).get("source", {})
-    if source.get("kind") != "checkpoint":
-        raise ValueError(f"{rr} was not computed from a training run (source kind {source.get('kind')!r})")
+    if source.get("kind") != "checkpoint" or not source.get("path"):
+        raise ValueError(f"{rr} was not computed from a training run's weights (source kind {source.get('kind')!r})")
     weights = Path(source["path"])
     run = open_run(str(run_dir), str(weights) if weights.is_dir() else None)
     if source.get("sha256") and run.weights_sha256 != source["sha256"]:
