@@ -114,7 +114,7 @@ def _load_backbone(backbone: nn.Module, cfg: ModelConfig) -> None:
     from timm.models import load_state_dict
 
     try:
-        state = load_state_dict(str(path), use_ema=False)
+        state = load_state_dict(str(path), use_ema=False, weights_only=True)  # never unpickles code
     except Exception as error:  # noqa: BLE001  (not safetensors, not a weights-only torch file, truncated...)
         raise PretrainedWeightsError(f"model.pretrained={path} cannot be read: {_first_line(error)}") from None
     classifier = getattr(backbone, "pretrained_cfg", {}).get("classifier") or ()

@@ -77,3 +77,20 @@ def test_cache_is_read_never_fetched(monkeypatch, tmp_path):
     (repo / "snapshots" / "abc123").mkdir(parents=True)
     (repo / "snapshots" / "abc123" / "model.safetensors").write_bytes(b"")
     assert resolve_pretrained(cfg) == repo / "snapshots" / "abc123" / "model.safetensors"
+
+
+def test_a_torch_checkpoint_loads_and_a_misfit_is_one_line(pretrained_file, tmp_path):
+    weights = load_file(str(pretrained_file))
+    wrapped = tmp_path / "vit.pth"
+    torch.save({"state_dict": weights, "epoch": 3}, wrapped)  # a training checkpoint: read weights-only, unwrapped
+    cfg = {
+        "backbone": VIT_B16,
+        "timm_kwargs": {"depth": 2, "embed_dim": 64, "num_heads": 2},
+        "pretrained": str(wrapped),
+    }
+    built = load_pretrained(build_encoder(cfg, 8, (1, SIZE, SIZE)), cfg).backbone.state_dict()
+    assert all(torch.equal(built[k], weights[k]) for k in built)
+    deeper = {**cfg, "timm_kwargs": {"depth": 3, "embed_dim": 64, "num_heads": 2}}
+    with pytest.raises(PretrainedWeightsError, match=r"does not fit .* 1[0-9] missing key\(s\)") as error:
+        load_pretrained(build_encoder(deeper, 8, (1, SIZE, SIZE)), deeper)
+    assert "\n" not in str(error.value)
