@@ -30,6 +30,7 @@ from eigtrain.engine.base import LossFn, accumulation_caveat, enable_cuda_fast_p
 from eigtrain.lineage import check_resume
 from eigtrain.metrics_log import MetricsLog, Progress, Reporter, stable_run_id, write_run_records
 from eigtrain.models import build_encoder, use_sync_batch_norm
+from eigtrain.models.pretrained import load_pretrained
 from eigtrain.monitor import build_monitor
 from eigtrain.objectives import build_objective
 from eigtrain.output_dirs import claim_run_dir
@@ -182,7 +183,7 @@ def _setup(
         raise ConfigError(refused)
     x_shape, a_shape = prepare_data(data, rank, cache_dir=run_dir / "data")
     random_state.seed_all(cfg.seed)  # the same initial weights on every rank
-    model = build_encoder(cfg.model, cfg.dim, x_shape, a_shape)
+    model = load_pretrained(build_encoder(cfg.model, cfg.dim, x_shape, a_shape), cfg.model)  # model.pretrained
     model = use_sync_batch_norm(model, cfg.model.sync_batch_norm, world, device)  # GPU jobs: on by default for ResNets
     engine = build_engine(
         cfg.engine, cfg.optim, model, device=device, micro_batch_size=micro_batch, grad_accum_steps=accum

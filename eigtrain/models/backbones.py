@@ -6,14 +6,14 @@ Every builder returns a module mapping a batch to (batch, num_features) and expo
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, cast
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from eigtrain.schema import ModelConfig, typed
 
-IMAGE_BACKBONES = ("tiny_cnn", "resnet18", "resnet50", "vit_tiny", "vit_small")
+IMAGE_BACKBONES = ("tiny_cnn", "resnet18", "resnet50", "vit_tiny", "vit_small", "vit_base")
 VECTOR_BACKBONES = ("mlp",)
 BACKBONES = IMAGE_BACKBONES + VECTOR_BACKBONES
 
@@ -22,7 +22,9 @@ _TIMM_NAMES = {
     "resnet50": "resnet50",
     "vit_tiny": "vit_tiny_patch16_224",
     "vit_small": "vit_small_patch16_224",
+    "vit_base": "vit_base_patch16_224",  # ViT-B/16
 }
+TIMM_PREFIX = "timm:"  # model.backbone=timm:NAME: any timm model, with model.timm_kwargs
 
 
 class TinyCNN(nn.Module):
@@ -75,8 +77,10 @@ def _cifar_stem(resnet: nn.Module, in_chans: int) -> None:
 def build_backbone(cfg: ModelConfig | Mapping[str, Any], input_shape: Sequence[int]) -> nn.Module:
     """Build the backbone of the ``model`` config (a ModelConfig; a mapping of some keys takes the schema's defaults
     for the rest) for inputs of ``input_shape`` ((C, H, W) for images, (n,) for vectors)."""
-    cfg = cast(ModelConfig, typed(ModelConfig, cfg))  # typed returns Any
-    name, width, depth, patch_size = cfg.backbone, cfg.width, cfg.depth, cfg.patch_size
+    config: ModelConfig = typed(ModelConfig, cfg)
+    name, width, depth, patch_size = config.backbone, config.width, config.depth, config.patch_size
+    if name.startswith(TIMM_PREFIX):
+        return _timm_backbone(name.removeprefix(TIMM_PREFIX), config, input_shape)
     if name not in BACKBONES:
         raise ValueError(f"model.backbone={name!r} is not known; allowed: {', '.join(BACKBONES)}")
     if name in VECTOR_BACKBONES:
@@ -94,15 +98,44 @@ def build_backbone(cfg: ModelConfig | Mapping[str, Any], input_shape: Sequence[i
     if name.startswith("vit"):
         if height % patch_size or wide % patch_size:
             raise ValueError(f"model.patch_size={patch_size} must divide the image size {height}x{wide}")
-        return timm.create_model(
-            _TIMM_NAMES[name],
-            pretrained=False,
-            num_classes=0,
-            in_chans=in_chans,
-            img_size=(height, wide),
-            patch_size=patch_size,
-        )
-    resnet = timm.create_model(_TIMM_NAMES[name], pretrained=False, num_classes=0, in_chans=in_chans)
-    if cfg.cifar_stem:
+        kwargs = {
+            "in_chans": in_chans,
+            "img_size": (height, wide),
+            "patch_size": patch_size,
+            **(config.timm_kwargs or {}),
+        }
+        return timm.create_model(_TIMM_NAMES[name], pretrained=False, num_classes=0, **kwargs)
+    kwargs = {"in_chans": in_chans, **(config.timm_kwargs or {})}
+    resnet = timm.create_model(_TIMM_NAMES[name], pretrained=False, num_classes=0, **kwargs)
+    if config.cifar_stem:
         _cifar_stem(resnet, in_chans)
     return resnet
+
+
+def check_timm_backbone(backbone: str) -> None:
+    """ValueError (one line) when model.backbone=timm:NAME names no timm model; before any work."""
+    import timm  # noqa: PLC0415
+
+    name = backbone.removeprefix(TIMM_PREFIX)
+    if not timm.is_model(name.split(".")[0]):
+        raise ValueError(f"model.backbone={backbone}: timm has no model {name!r} (timm.list_models() lists them)")
+
+
+def _timm_backbone(name: str, cfg: ModelConfig, input_shape: Sequence[int]) -> nn.Module:
+    """Any timm model as the backbone (pooled features: num_classes=0), built without weights (model.pretrained
+    loads them: eigtrain.models.pretrained). A ViT (timm name vit_*) is built for the data's image size."""
+    import timm  # noqa: PLC0415
+
+    if len(input_shape) != 3:
+        raise ValueError(
+            f"model.backbone=timm:{name} needs image inputs (C, H, W); the data gives {tuple(input_shape)}"
+        )
+    kwargs: dict[str, Any] = {"in_chans": int(input_shape[0])}
+    if name.startswith("vit"):
+        kwargs["img_size"] = tuple(int(s) for s in input_shape[1:])
+    kwargs.update(cfg.timm_kwargs or {})
+    try:
+        return timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
+    except (RuntimeError, TypeError, AssertionError) as error:  # "Unknown model", an argument the model lacks
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"model.backbone=timm:{name} (model.timm_kwargs={cfg.timm_kwargs}): {first}") from None

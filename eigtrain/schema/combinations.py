@@ -22,6 +22,8 @@ from eigtrain.engine import ENGINES, PRECISIONS, SCHEDULES
 from eigtrain.engine.deepspeed_zero import ZERO_STAGES
 from eigtrain.metrics_log import WANDB_MODES
 from eigtrain.models import BACKBONES
+from eigtrain.models.backbones import check_timm_backbone
+from eigtrain.models.pretrained import check_pretrained
 from eigtrain.objectives import OBJECTIVES
 from eigtrain.objectives.nesting import MODES as NESTING_MODES
 from eigtrain.schema.check import ConfigError, check
@@ -42,7 +44,14 @@ def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
     """Check ``cfg`` for a job of ``world_size`` ranks; return (micro_batch_size, grad_accum_steps)."""
     check(cfg)  # unknown keys, bad types, and objective/optim/launcher names (their registries)
     _choice("nesting.mode", cfg.nesting.mode, NESTING_MODES)
-    _choice("model.backbone", cfg.model.backbone, BACKBONES)
+    if not str(cfg.model.backbone).startswith("timm:"):  # timm:NAME: any timm model (eigtrain.models.backbones)
+        _choice("model.backbone", cfg.model.backbone, BACKBONES)
+    else:
+        try:
+            check_timm_backbone(cfg.model.backbone)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+    check_pretrained(cfg.model)  # the weights are on this machine: else one line, before any work
     _choice("data.mode", cfg.data.mode, DATA_MODES)
     _choice("data.augment", cfg.data.augment, PRESETS)
     _choice("engine.name", cfg.engine.name, ENGINES)

@@ -24,7 +24,7 @@ class NestingConfig:
 
 @dataclass
 class ModelConfig:
-    backbone: str = "tiny_cnn"  # tiny_cnn | mlp | resnet18 | resnet50 | vit_tiny | vit_small (eigtrain/models)
+    backbone: str = "tiny_cnn"  # tiny_cnn | mlp | resnet18 | resnet50 | vit_tiny | vit_small | vit_base | timm:NAME
     width: int = 32  # tiny_cnn: channels of the first block (2 * width features); mlp: hidden width
     depth: int = 4  # mlp only: hidden layers
     cifar_stem: bool = False  # resnet only: 3x3 stride-1 first conv, no max-pool (32x32 images)
@@ -34,6 +34,8 @@ class ModelConfig:
     projector_batch_norm: bool = True  # BatchNorm in the projector's hidden blocks
     sync_batch_norm: bool = False  # multi-GPU: BatchNorm statistics over the global batch (false: per GPU)
     context: Any = None  # pairs data: a dict of the psi encoder's keys that differ from phi's (null = same)
+    timm_kwargs: Any = None  # timm backbones: more timm.create_model arguments, e.g. {depth: 2, embed_dim: 64}
+    pretrained: Optional[str] = None  # initial backbone weights: a local file, or cache (timm's, already cached)
 
 
 @dataclass
