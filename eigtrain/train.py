@@ -35,11 +35,14 @@ from eigtrain.objectives import build_objective
 from eigtrain.output_dirs import claim_run_dir
 from eigtrain.redact import redact_config, redact_logs, redact_url, redact_yaml_file
 from eigtrain.run_lock import WriterSlot
-from eigtrain.schema import ConfigError, validate
+from eigtrain.schema import ConfigError
 from eigtrain.step_inputs import StepInputs
+from eigtrain.sweep_naming import register_resolvers
+from eigtrain.train_checks import validate
 from eigtrain.train_state import NonFiniteError, RankState, TrainState
 
 CONFIG_PACKAGE = "eigtrain.configs"  # configs/ of the repository, shipped inside the package (pyproject.toml)
+register_resolvers()  # before any composition of configs/train.yaml
 log = logging.getLogger("eigtrain.train")
 
 

@@ -11,27 +11,27 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from eigtrain.schema.groups import LAUNCHER_SCHEMAS, OPTIM_SCHEMAS, TrainConfig, objective_schema
+from eigtrain.schema.groups import LAUNCHER_SCHEMAS, OPTIM_SCHEMAS, TrainConfig
+from eigtrain.schema.objectives import OBJECTIVE_SCHEMAS
 
 
 class ConfigError(ValueError):
     """A bad training config: names the key and what is allowed."""
 
 
-_BY_NAME = {"optim": OPTIM_SCHEMAS, "launcher": LAUNCHER_SCHEMAS}
+_BY_NAME: dict[str, dict[str, Any]] = {
+    "objective": OBJECTIVE_SCHEMAS,
+    "optim": OPTIM_SCHEMAS,
+    "launcher": LAUNCHER_SCHEMAS,
+}
 NAMED_GROUPS = ("objective", "optim", "launcher")  # groups whose keys depend on the option's name
 
 
 def _group_schema(group: str, name: Any) -> type:
-    if group == "objective":
-        from eigtrain.objectives import OBJECTIVES
-
-        schemas = dict.fromkeys(OBJECTIVES)
-    else:
-        schemas = _BY_NAME[group]
+    schemas = _BY_NAME[group]
     if name not in schemas:
         raise ConfigError(f"{group}.name={name!r} is not allowed; allowed: {', '.join(schemas)}")
-    return objective_schema(name) if group == "objective" else schemas[name]
+    return schemas[name]
 
 
 def typed(schema: type, node: Any) -> Any:

@@ -18,7 +18,8 @@ import torch
 from eigtrain.data import CorruptDataError, ShardError, ShardStream, StreamOptions, gpu_decode
 from eigtrain.data.gpu_decode import choose_jpeg_device
 from eigtrain.data.write import main as shards_cli
-from eigtrain.schema import ConfigError, validate
+from eigtrain.schema import ConfigError
+from eigtrain.train_checks import validate
 from tests.support.foreign_shards import (
     CLASSES,
     PATTERN,

@@ -1,30 +1,24 @@
 """Choices and combinations of the composed training config, checked before any expensive work.
 
 Every failure is one ``ConfigError`` naming the key and the allowed values. Unknown keys and bad types are
-`check`'s job (eigtrain.schema.check); this adds the choices, each list taken from the registry that uses it,
-and the combinations a type cannot express. Imported lazily by eigtrain.schema (it needs torch and the builders,
-which import the schema).
+`check`'s job (eigtrain.schema.check); this adds the choices (the schema's Literal aliases, each equal to the
+registry that uses it: tests/config/test_schema_leaf.py) and the combinations a type cannot express. It sits beside
+the entry point that composes the groups (eigtrain.train), above the schema, which imports nothing of eigtrain's.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, get_args
 
 import torch
 from omegaconf import DictConfig
 
-from eigtrain.data.augment import PRESETS
 from eigtrain.data.from_config import check_data, check_splits
 from eigtrain.data.index import INDEX_NAME, read_index
-from eigtrain.data.stream_options import MODES as DATA_MODES
-from eigtrain.engine import ENGINES, PRECISIONS, SCHEDULES
-from eigtrain.engine.deepspeed_zero import ZERO_STAGES
-from eigtrain.metrics_log import WANDB_MODES
-from eigtrain.models import BACKBONES
 from eigtrain.objectives import OBJECTIVES
-from eigtrain.objectives.nesting import MODES as NESTING_MODES
-from eigtrain.schema.check import ConfigError, check
+from eigtrain.schema import ConfigError, check
+from eigtrain.schema import groups as g
 
 
 def _choice(key: str, value: Any, allowed: Iterable[Any]) -> None:
@@ -41,17 +35,17 @@ def _positive_int(key: str, value: Any) -> None:
 def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
     """Check ``cfg`` for a job of ``world_size`` ranks; return (micro_batch_size, grad_accum_steps)."""
     check(cfg)  # unknown keys, bad types, and objective/optim/launcher names (their registries)
-    _choice("nesting.mode", cfg.nesting.mode, NESTING_MODES)
-    _choice("model.backbone", cfg.model.backbone, BACKBONES)
-    _choice("data.mode", cfg.data.mode, DATA_MODES)
-    _choice("data.augment", cfg.data.augment, PRESETS)
-    _choice("engine.name", cfg.engine.name, ENGINES)
-    _choice("engine.precision", cfg.engine.precision, PRECISIONS)
-    _choice("optim.schedule", cfg.optim.schedule, SCHEDULES)
-    _choice("logging.wandb.mode", cfg.logging.wandb.mode, WANDB_MODES)
-    _choice("device", cfg.device, ("auto", "cpu", "cuda"))
+    _choice("nesting.mode", cfg.nesting.mode, get_args(g.NestingMode))
+    _choice("model.backbone", cfg.model.backbone, get_args(g.Backbone))
+    _choice("data.mode", cfg.data.mode, get_args(g.DataMode))
+    _choice("data.augment", cfg.data.augment, get_args(g.AugmentPreset))
+    _choice("engine.name", cfg.engine.name, get_args(g.Engine))
+    _choice("engine.precision", cfg.engine.precision, get_args(g.Precision))
+    _choice("optim.schedule", cfg.optim.schedule, get_args(g.Schedule))
+    _choice("logging.wandb.mode", cfg.logging.wandb.mode, get_args(g.WandbMode))
+    _choice("device", cfg.device, get_args(g.Device))
     if cfg.engine.name == "deepspeed":
-        _choice("engine.zero_stage", cfg.engine.zero_stage, ZERO_STAGES)
+        _choice("engine.zero_stage", cfg.engine.zero_stage, get_args(g.ZeroStage))
     for key in ("steps", "batch_size", "dim", "checkpoint_every", "log_every", "keep_last", "signal_check_every"):
         _positive_int(key, cfg[key])
     for key in ("stop_after", "micro_batch_size", "cpu_threads"):
