@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from eigtrain.data.from_config import check_data, check_splits
 from eigtrain.data.index import INDEX_NAME, read_index
 from eigtrain.objectives import OBJECTIVES
-from eigtrain.schema import ConfigError, check
+from eigtrain.schema import ConfigError, TrainConfig, train_config
 from eigtrain.schema import groups as g
 
 
@@ -32,9 +32,11 @@ def _positive_int(key: str, value: Any) -> None:
         raise ConfigError(f"{key} must be a positive integer, got {value!r}")
 
 
-def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
-    """Check ``cfg`` for a job of ``world_size`` ranks; return (micro_batch_size, grad_accum_steps)."""
-    check(cfg)  # unknown keys, bad types, and objective/optim/launcher names (their registries)
+def validate(cfg: DictConfig | TrainConfig, world_size: int) -> tuple[int, int]:
+    """Check ``cfg`` for a job of ``world_size`` ranks; return (micro_batch_size, grad_accum_steps). ``cfg``: the
+    job's TrainConfig (`train_config`, which also checks keys and types), or the composed config, converted here."""
+    if isinstance(cfg, DictConfig):
+        cfg = train_config(cfg)  # unknown keys, bad types, and objective/optim/launcher names
     _choice("nesting.mode", cfg.nesting.mode, get_args(g.NestingMode))
     _choice("model.backbone", cfg.model.backbone, get_args(g.Backbone))
     _choice("data.mode", cfg.data.mode, get_args(g.DataMode))
@@ -47,10 +49,10 @@ def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
     if cfg.engine.name == "deepspeed":
         _choice("engine.zero_stage", cfg.engine.zero_stage, get_args(g.ZeroStage))
     for key in ("steps", "batch_size", "dim", "checkpoint_every", "log_every", "keep_last", "signal_check_every"):
-        _positive_int(key, cfg[key])
+        _positive_int(key, getattr(cfg, key))
     for key in ("stop_after", "micro_batch_size", "cpu_threads"):
-        if cfg[key] is not None:
-            _positive_int(key, cfg[key])
+        if getattr(cfg, key) is not None:
+            _positive_int(key, getattr(cfg, key))
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda but no GPU is visible; use device=auto or device=cpu")
 
@@ -68,7 +70,7 @@ def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
             f"data.mode=pairs; for two views of one image use objective=scl"
         )
 
-    micro = cfg.micro_batch_size if cfg.micro_batch_size is not None else cfg.batch_size // world_size
+    micro, accum = batch_split(cfg, world_size)
     _positive_int("micro_batch_size", micro)
     if cfg.batch_size % (world_size * micro):
         raise ConfigError(
@@ -86,18 +88,25 @@ def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
             _check_monitor_splits_in_index(cfg)
     except ValueError as exn:
         raise ConfigError(str(exn)) from None
-    return micro, cfg.batch_size // (world_size * micro)
+    return micro, accum
 
 
-def _check_monitor_splits_in_index(cfg: DictConfig) -> None:
+def batch_split(cfg: TrainConfig | DictConfig, world_size: int) -> tuple[int, int]:
+    """(micro_batch_size, grad_accum_steps) of a job of `world_size` ranks (`validate` checks they divide)."""
+    micro = cfg.micro_batch_size if cfg.micro_batch_size is not None else cfg.batch_size // world_size
+    return micro, cfg.batch_size // (world_size * micro) if micro > 0 else 0
+
+
+def _check_monitor_splits_in_index(cfg: TrainConfig) -> None:
     """data.root's index, when it is already written, holds the monitor's splits: a missing one stopped the run
     at the monitor's set-up, after the run directory was claimed, with a message that did not name the key."""
-    if cfg.data.shards or not (Path(cfg.data.root) / INDEX_NAME).is_file():
+    root = cfg.data.root
+    if cfg.data.shards or root is None or not (Path(root) / INDEX_NAME).is_file():
         return
-    available = read_index(cfg.data.root).splits
+    available = read_index(root).splits
     for key in ("train_split", "val_split"):
-        if cfg.monitor[key] not in available:
+        if getattr(cfg.monitor, key) not in available:
             raise ConfigError(
-                f"monitor.{key}={cfg.monitor[key]} is not a split of data.root={cfg.data.root}; "
+                f"monitor.{key}={getattr(cfg.monitor, key)} is not a split of data.root={cfg.data.root}; "
                 f"its index.json has: {', '.join(sorted(available))}"
             )

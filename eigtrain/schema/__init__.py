@@ -21,7 +21,16 @@ from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore
 
-from eigtrain.schema.check import NAMED_GROUPS, ConfigError, check, describe, fill_option_defaults, typed, typed_option
+from eigtrain.schema.check import (
+    NAMED_GROUPS,
+    ConfigError,
+    check,
+    describe,
+    fill_option_defaults,
+    train_config,
+    typed,
+    typed_option,
+)
 from eigtrain.schema.groups import (
     LAUNCHER_SCHEMAS,
     OPTIM_SCHEMAS,
@@ -100,6 +109,7 @@ __all__ = [
     "fill_option_defaults",
     "objective_schema",
     "register",
+    "train_config",
     "typed",
     "typed_option",
 ]
