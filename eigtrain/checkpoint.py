@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from eigtrain.checkpoint_read import load_tensors, model_weights, read_json, reading
 from eigtrain.checkpoint_verify import newest_verified, write_checksums
+from eigtrain.schema import TrainConfig
 
 __all__ = ["model_weights"]  # read by eigtrain.embed and the tests from here
 log = logging.getLogger(__name__)
@@ -167,22 +168,14 @@ def _barrier() -> None:
 
 class Checkpointer:
     """Collects the engine state, trainer counters and per-rank state into ``root/step-N/``, and decides when:
-    every ``every`` steps (0: never periodically), at the last step, and at once on a stop signal."""
+    every ``cfg.checkpoint_every`` steps, at the last step, and at once on a stop signal (polled across ranks every
+    ``cfg.signal_check_every`` steps); keeps ``cfg.keep_last``. `cfg`: the training config (its keys' defaults and
+    docs: eigtrain.schema.TrainConfig; the composed DictConfig reads the same)."""
 
-    def __init__(
-        self,
-        root: Path,
-        engine: Any,
-        *,
-        keep_last: int = 3,
-        rank: int = 0,
-        world_size: int = 1,
-        every: int = 0,
-        signal_check_every: int = 1,
-    ):
-        self.root, self.engine, self.keep_last = Path(root), engine, keep_last
+    def __init__(self, root: Path, engine: Any, cfg: TrainConfig, *, rank: int = 0, world_size: int = 1):
+        self.root, self.engine, self.keep_last = Path(root), engine, cfg.keep_last
         self.rank, self.world_size = rank, world_size
-        self.every, self.signal_check_every = every, signal_check_every
+        self.every, self.signal_check_every = cfg.checkpoint_every, cfg.signal_check_every
         self.stop_requested = False  # a stop signal reached every rank: save now, then leave
         self.last_saved: Path | None = None  # the newest complete checkpoint: written or resumed from
         self._periodic_waiting = False  # a periodic save not yet written (it waits for an applied update)

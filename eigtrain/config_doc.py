@@ -16,7 +16,7 @@ import yaml
 from omegaconf import MISSING
 
 from eigtrain import engine, evaluate, rayleigh_ritz, rr_job, schema
-from eigtrain.data import augment, gpu_decode, stream_options, write
+from eigtrain.data import augment, gpu_decode, stream, write
 from eigtrain.engine import base, optim
 from eigtrain.models import backbones
 from eigtrain.objectives import OBJECTIVES, moments, nesting
@@ -50,7 +50,7 @@ GROUP_OPTIONS = {
 # A key's allowed values, from the registry that checks them (a field typed Literal[...] lists its own); keys of
 # eigtrain-train, -rr, -shards and -synthetic (no key names two things across commands).
 ALLOWED = (
-    {"nesting.mode": nesting.MODES, "data.mode": stream_options.MODES, "data.augment": augment.PRESETS}
+    {"nesting.mode": nesting.MODES, "data.mode": stream.MODES, "data.augment": augment.PRESETS}
     | {"data.decode": gpu_decode.DECODE_CHOICES, "engine.name": engine.ENGINES, "engine.precision": base.PRECISIONS}
     | {"model.backbone": backbones.BACKBONES, "optim.schedule": optim.SCHEDULES}
     | {"objective.reduction": moments.REDUCTIONS, "mode": rayleigh_ritz.MODES, "trivial": rayleigh_ritz.TRIVIAL}
@@ -76,17 +76,20 @@ def field_docs(cls: type) -> dict[str, str]:
     for klass in reversed(cls.__mro__[:-1]):
         try:
             source = textwrap.dedent(inspect.getsource(klass))
-        except (OSError, TypeError):  # made in code (the objectives' schemas): no source lines, no docs
+        except (OSError, TypeError):  # a class made in code: no source lines, no docs
             continue
         tokens = tokenize.generate_tokens(io.StringIO(source).readline)
         comments = {t.start[0]: t.string[1:].strip() for t in tokens if t.type == tokenize.COMMENT}
         class_def = ast.parse(source).body[0]
         assert isinstance(class_def, ast.ClassDef)  # the source of a class
         for node in class_def.body:
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                comment = comments.get(node.end_lineno or 0)  # end_lineno: always set by ast.parse
-                if comment or node.target.id not in docs:
-                    docs[node.target.id] = comment or ""
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+                continue
+            # the trailing comment of the field's line(s): a long default wraps it onto a line of its own
+            lines = range(node.end_lineno or node.lineno, node.lineno - 1, -1)
+            doc = next((comments[n] for n in lines if n in comments), "")
+            if doc or node.target.id not in docs:
+                docs[node.target.id] = doc
     return docs
 
 

@@ -19,7 +19,7 @@ from eigtrain.rr_moments import RRAccumulator
 
 from .checkpoint import EXPORT_NAME, read_encoder
 from .checkpoint_verify import check_step, newest_verified
-from .data import ShardStream, StreamOptions, build_augment, read_index
+from .data import ShardStream, build_augment, read_index
 from .data.augment import NORMALIZATION
 from .data.from_config import DataConfigError, build_stream, split_shards, split_source, uses_shards
 from .data.pipe_trust import SOURCE_KEYS, check_saved_sources
@@ -27,7 +27,7 @@ from .models.encoder import PairEncoder
 from .redact import saved_value_usable
 from .run_step import weights_record
 from .saved_config import load_saved_config
-from .schema import typed_option
+from .schema import DataConfig, typed_option
 
 
 @dataclass
@@ -314,36 +314,26 @@ def _plain(value):
 def _external_stream(cfg, env) -> tuple[ShardStream, int, dict]:
     """One-pass stream over data.root (eigtrain shards; count from the index) or data.shards (any webdataset
     shards; counts from a shard index or one scan, see eigtrain.data.sample_counts): (stream, samples, meta)."""
-    data = cfg.data
-    common = dict(
+    data, index = cfg.data, None
+    keys = ("root", "image_size", "image_fit", "max_corrupt", "image_key", "label_key", "shard_index", "io_timeout_s")
+    read = DataConfig(split=cfg.split, mode="views", num_workers=cfg.num_workers, **{k: getattr(data, k) for k in keys})
+    key = "data.shards"
+    if data.root:
+        index = read_index(data.root)
+        read.num_workers = min(cfg.num_workers, len(index.shards(cfg.split)) // env.world_size)
+    else:
+        key, shards = split_shards({"shards": data.shards, "val_shards": data.val_shards}, cfg.split)
+        read.shards = list(shards) if isinstance(shards, (list, tuple)) else shards
+    stream = ShardStream(
+        read,
         batch_size=cfg.batch_size,
         rank=env.rank,
         world_size=env.world_size,
         seed=cfg.seed,
-        mode="views",
-        image_size=data.image_size,
         one_pass=True,
-        max_corrupt=data.max_corrupt,
-    )
-    if data.root:
-        index = read_index(data.root)
-        workers = min(cfg.num_workers, len(index.shards(cfg.split)) // env.world_size)
-        options = StreamOptions(split=cfg.split, num_workers=workers, image_fit=data.image_fit, **common)
-        stream = ShardStream(data.root, options)
-        return stream, index.num_samples(cfg.split), index.meta
-    key, shards = split_shards({"shards": data.shards, "val_shards": data.val_shards}, cfg.split)
-    shards = list(shards) if isinstance(shards, (list, tuple)) else shards
-    options = StreamOptions(
-        shards_key=key,
-        split=cfg.split,
-        num_workers=cfg.num_workers,
-        image_key=data.image_key,
-        label_key=data.label_key,
-        image_fit=data.image_fit,
         cache_dir=data.cache_dir,
-        shard_index=data.shard_index,
-        io_timeout_s=data.io_timeout_s,
-        **common,
+        shards_key=key,
     )
-    stream = ShardStream(shards=shards, options=options)
+    if index is not None:
+        return stream, index.num_samples(cfg.split), index.meta
     return stream, stream.num_samples, {"channels": 3}

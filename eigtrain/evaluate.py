@@ -48,32 +48,32 @@ given here replace the run's; a pipe: source in the run's saved config runs only
 class EvalDataConfig:
     """The command line's data sources for the runs evaluated (None: each run's saved config.yaml)."""
 
-    shards: Any = None
-    val_shards: Any = None
-    shard_index: str | None = None
+    shards: Any = None  # replaces the run's data.shards (pattern or list)
+    val_shards: Any = None  # replaces the run's data.val_shards: the held-out shards scored as split val
+    shard_index: str | None = None  # a wids index of the shards' sample counts
     allow_pipe: bool = False  # run pipe: sources read back from a run's saved config.yaml
 
 
 @dataclass
 class EvalConfig:
-    run_dir: str | None = None
-    features: str | None = None
-    rr: str | None = None
-    jn_run_dir: str | None = None
-    ff_run_dirs: list[str] = field(default_factory=list)
-    train_split: str = "train"
-    test_split: str = "val"
-    probe: str = "sgd"
-    random_draws: int = 50
-    dims: list[int] | None = None
-    out: str | None = None
-    device: str = "cpu"
-    seed: int = 0
-    pca: bool = True
+    run_dir: str | None = None  # the run evaluated (its newest verified weights, its data)
+    features: str | None = None  # instead of a run: an .npz of train_z, train_y, test_z, test_y
+    rr: str | None = None  # the Rayleigh-Ritz export (null: run_dir/rr, written by eigtrain-rr)
+    jn_run_dir: str | None = None  # a joint-nesting run whose coordinates are JN (null: the run's own, if nested)
+    ff_run_dirs: list[str] = field(default_factory=list)  # runs trained at each smaller dimension (FF)
+    train_split: str = "train"  # the split the probes train on
+    test_split: str = "val"  # the split scored
+    probe: str = "sgd"  # sgd (the paper's protocol, on whitened features) | closed_form (ridge least squares)
+    random_draws: int = 50  # random coordinate subsets averaged for RS at each dimension
+    dims: list[int] | None = None  # the dimensions scored (null: 4, 8, ..., d)
+    out: str | None = None  # where the report goes (null: run_dir/eval, or the features file without .npz)
+    device: str = "cpu"  # auto | cpu | cuda
+    seed: int = 0  # the probes' and the random subsets' seed
+    pca: bool = True  # score PCA of the same embedding (the unsupervised baseline)
     retrieval: str = "auto"  # auto (FAISS when installed, else torch) | torch | faiss | none
-    retrieval_draws: int = 5
+    retrieval_draws: int = 5  # random subsets averaged for RS retrieval
     allow_foreign_export: bool = False  # score through an export solved on other weights (stated in the report)
-    data: EvalDataConfig = field(default_factory=EvalDataConfig)
+    data: EvalDataConfig = field(default_factory=EvalDataConfig)  # data sources replacing the run's saved ones
 
 
 def _load_features(path: str):

@@ -57,12 +57,12 @@ class DataConfig:
     shards: Any = None  # webdataset shard pattern(s)/URL(s) without an eigtrain index
     val_shards: Any = None  # held-out shards: split=val
     allow_pipe: bool = False  # run pipe: sources read back from a run's saved config.yaml
-    augment: str = "imagenet"
+    augment: str = "imagenet"  # the augmentation preset whose two views are the positive pairs
     image_size: int | None = None  # loader resize (needed when the shards do not say, e.g. foreign shards)
     image_fit: str = "cover"  # cover: resize + center crop; whole: the augmentation crops from the whole image
     view_size: int | None = None  # size of the augmented views (default: image_size)
     mean: list[float] | None = None  # normalization (default: the preset's)
-    std: list[float] | None = None
+    std: list[float] | None = None  # normalization (default: the preset's)
     max_corrupt: int = 0  # a skipped sample would break the exact count: none by default
     image_key: str | None = None  # foreign shards: member name(s) of the image (default jpg;jpeg;png;webp)
     label_key: str | None = None  # foreign shards: not needed for Rayleigh-Ritz
@@ -73,27 +73,27 @@ class DataConfig:
 
 @dataclass
 class RRJobConfig:
-    run_dir: str | None = None
-    checkpoint: str | None = None
-    embeddings: str | None = None
-    out: str | None = None
+    run_dir: str | None = None  # a training run: its newest verified checkpoint, its data; the export goes in it
+    checkpoint: str | None = None  # one checkpoint step directory of a run (instead of run_dir)
+    embeddings: str | None = None  # stored embedding pairs (.npz with z1, z2, or a directory of chunks) instead
+    out: str | None = None  # the export directory (run_dir/rr without it; needed for embeddings= and encoder=)
     overwrite: bool = False  # replace an earlier eigtrain-rr export at out= (anything else there is refused)
-    mode: str = "generalized"
+    mode: str = "generalized"  # the Rayleigh-Ritz problem: generalized | paper-rq | paper-vicreg | paper-lora | svd
     trivial: str = "exclude"  # exclude: the constant mode is exported apart, features follow it; keep: the paper's
-    center: bool = False
+    center: bool = False  # remove the constant (the features' means) without exporting it
     ridge: float = 0.0  # > 0: regularize the Gram (a departure from the exact solve; the exact spectrum rides along)
     rank_rtol: float = 1e-10  # the numerical range: Gram eigenvalues above rank_rtol * the largest
     folds: int = (
         8  # keep the moments of this many disjoint folds: which cuts the data determine (0: off; fewer at d > 4,096)
     )
     ties: str = "eigenvalue"  # variance: reorder each undetermined group by variance (a departure from RR's order)
-    split: str = "train"
-    batch_size: int = 512
-    num_workers: int = 2
-    device: str = "auto"
+    split: str = "train"  # the split whose pairs are streamed (train | val)
+    batch_size: int = 512  # samples per batch, per rank
+    num_workers: int = 2  # DataLoader workers per rank (0: read in the process)
+    device: str = "auto"  # auto (cuda:LOCAL_RANK when a GPU is visible, else cpu) | cpu | cuda
     seed: int = 0  # augmentation seed (each sample's views are a function of it and the sample's key)
-    encoder: EncoderConfig = field(default_factory=EncoderConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)  # an external encoder instead of a run
+    data: DataConfig = field(default_factory=DataConfig)  # the image shards an encoder= or a run reads
 
     def validate(self) -> "RRJobConfig":
         sources = {

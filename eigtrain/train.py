@@ -15,7 +15,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, cast
 
 import hydra
 import torch
@@ -36,11 +36,14 @@ from eigtrain.objectives import build_objective
 from eigtrain.output_dirs import claim_run_dir
 from eigtrain.redact import redact_config, redact_logs, redact_url, redact_yaml_file
 from eigtrain.run_lock import WriterSlot
-from eigtrain.schema import ConfigError, validate
+from eigtrain.schema import ConfigError, DataConfig, TrainConfig, train_config
 from eigtrain.step_inputs import StepInputs
+from eigtrain.sweep_naming import register_resolvers
+from eigtrain.train_checks import batch_split, validate
 from eigtrain.train_state import NonFiniteError, RankState, TrainState
 
 CONFIG_PACKAGE = "eigtrain.configs"  # configs/ of the repository, shipped inside the package (pyproject.toml)
+register_resolvers()  # before any composition of configs/train.yaml
 log = logging.getLogger("eigtrain.train")
 
 
@@ -52,7 +55,7 @@ def compose_config(overrides: Sequence[str] = (), config_name: str = "train") ->
         return compose(config_name, overrides=list(overrides))
 
 
-def prepare_data(cfg: DictConfig, rank: int, cache_dir: Path | None = None):
+def prepare_data(cfg: DataConfig, rank: int, cache_dir: Path | None = None):
     """Input shapes (x, a or None); rank 0 first writes the demo shards when configured and missing (into a new
     or empty directory only) or counts the samples of foreign shards once (cached in `cache_dir`)."""
     return data_setup.prepare_data(cfg, rank, cache_dir, barrier=dist.barrier)
@@ -77,11 +80,14 @@ def make_loss_fn(engine, objective, pairs: bool) -> LossFn:
     return LossFn(AutocastEncode(engine, pairs), objective)
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Train as ``cfg`` says (one rank of the job); returns the final step, loss and paths."""
+def run(composed: DictConfig, batches: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Train as the composed config says (one rank); returns the final step, loss and paths. `batches`: (micro-batch,
+    accumulation) where the launch validated it, else validated here. Converted once: the components take parts of
+    its TrainConfig; the composed config is kept for the records (config.yaml, lineage, metrics)."""
     env = dist.resolve_env()
-    micro_batch, accum = validate(cfg, env.world_size)  # before any expensive work
-    nest, coefficients = cfg.nesting, {k: v for k, v in cfg.objective.items() if k != "name"}
+    cfg = train_config(composed)  # the one conversion
+    micro_batch, accum = batches or validate(cfg, env.world_size)  # before any expensive work
+    nest, coefficients = cfg.nesting, {k: v for k, v in vars(cfg.objective).items() if k != "name"}
     objective = build_objective(
         cfg.objective.name,
         cfg.dim,
@@ -106,7 +112,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     )
     redact_logs()  # a shard URL in a log line loses its credentials (Slurm writes these lines into the run dir)
     try:
-        return _train(cfg, env, device, objective.to(device), micro_batch, accum)
+        return _train(cfg, composed, env, device, objective.to(device), (micro_batch, accum))
     finally:  # leave the process as it was (tests and launchers call run() in-process)
         torch.set_num_threads(threads)
         if owns_group:
@@ -129,15 +135,15 @@ class Trainer:
 
 
 def _train(
-    cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, micro_batch: int, accum: int
+    cfg: TrainConfig, composed: DictConfig, env: dist.DistEnv, device: torch.device, objective, batches
 ) -> dict[str, Any]:
     """The training loop: each step a batch, an update and the counters; each component says whether the step is its
     turn (the reporter to log, the checkpointer to save or stop), alike on every rank."""
     with WriterSlot() as writer:  # one trainer per run directory, for the whole run (released however it ends)
-        return _loop(_setup(cfg, env, device, objective, micro_batch, accum, writer), cfg, env.rank == 0)
+        return _loop(_setup(cfg, composed, env, device, objective, batches, writer), cfg, env.rank == 0)
 
 
-def _loop(t: Trainer, cfg: DictConfig, rank0: bool) -> dict[str, Any]:
+def _loop(t: Trainer, cfg: TrainConfig, rank0: bool) -> dict[str, Any]:
     state, checkpoints, report, end = t.state, t.checkpoints, t.report, min(cfg.steps, cfg.stop_after or cfg.steps)
     result = None
     try:
@@ -171,10 +177,11 @@ def _loop(t: Trainer, cfg: DictConfig, rank0: bool) -> dict[str, Any]:
 
 
 def _setup(
-    cfg: DictConfig, env: dist.DistEnv, device: torch.device, objective, micro_batch: int, accum: int, writer=None
+    cfg: TrainConfig, composed: DictConfig, env: dist.DistEnv, device: torch.device, objective, batches, writer=None
 ) -> Trainer:
     """Claim the run directory, prepare the data, build the model, engine, stream and augmentation; `_resume`."""
     rank, world, rank0, data = env.rank, env.world_size, env.rank == 0, cfg.data
+    micro_batch, accum = batches
     run_dir = Path(cfg.run_dir)
     folder = cfg.launcher.folder if cfg.launcher.name == "slurm" else None  # its logs: written before the job started
     # before anything else: a directory of eigtrain's, and no other trainer writing it (eigtrain.run_lock)
@@ -198,7 +205,8 @@ def _setup(
         cache_dir=run_dir / "data",
     )
     mean, std = (tuple(v) if v else None for v in (data.mean, data.std))
-    augment = build_augment(data.augment, image_size=data.view_size, mean=mean, std=std, **view_options(data, engine))
+    view_size = (data.view_size[0], data.view_size[1]) if data.view_size else None
+    augment = build_augment(data.augment, image_size=view_size, mean=mean, std=std, **view_options(data, engine))
     augment = augment.to(device)
     generator = torch.Generator(device=device)
     generator.manual_seed(random_state.seed_all(cfg.seed, rank, 1))  # per-rank randomness from here on
@@ -223,7 +231,8 @@ def _setup(
         channels_last=engine.channels_last,
     )
     model_info = {"dim": cfg.dim, "input_shape": list(x_shape), "context_shape": list(a_shape) if a_shape else None}
-    return _resume(cfg, env, device, engine, make_loss_fn(engine, objective, pairs), inputs, stream, model_info)
+    loss_fn, records = make_loss_fn(engine, objective, pairs), (composed, model_info)
+    return _resume(cfg, records, env, device, engine, loss_fn, inputs, stream)
 
 
 def view_options(data, engine) -> dict[str, Any]:
@@ -238,31 +247,16 @@ def view_options(data, engine) -> dict[str, Any]:
 
 
 def _resume(
-    cfg: DictConfig,
-    env: dist.DistEnv,
-    device: torch.device,
-    engine,
-    loss_fn: LossFn,
-    inputs: StepInputs,
-    stream,
-    model_info: dict[str, Any],
+    cfg: TrainConfig, records, env: dist.DistEnv, device: torch.device, engine, loss_fn: LossFn, inputs, stream
 ) -> Trainer:
     """Resume from the newest complete checkpoint, if any; then rank 0 writes the run records and opens the logs."""
-    rank0, run_dir = env.rank == 0, Path(cfg.run_dir)
-    checkpoints = ckpt.Checkpointer(
-        run_dir / "checkpoints",
-        engine,
-        keep_last=cfg.keep_last,
-        rank=env.rank,
-        world_size=env.world_size,
-        every=cfg.checkpoint_every,
-        signal_check_every=cfg.signal_check_every,
-    )
+    (composed, model_info), rank0, run_dir = records, env.rank == 0, Path(cfg.run_dir)
+    checkpoints = ckpt.Checkpointer(run_dir / "checkpoints", engine, cfg, rank=env.rank, world_size=env.world_size)
     state = TrainState(device, batch_size=cfg.batch_size, max_nonfinite_steps=cfg.max_nonfinite_steps)
     rank_state = RankState(stream, inputs.generator)
     if rank0:  # before anything is loaded or rewritten: the same objective, model, data and schedule
         done = ckpt.complete_checkpoints(checkpoints.root)
-        lineage = check_resume(run_dir, redact_config(cfg), done[-1][0], cfg.new_lineage) if done else ""
+        lineage = check_resume(run_dir, redact_config(composed), done[-1][0], cfg.new_lineage) if done else ""
     if refused := dist.broadcast_object(lineage if rank0 else None):
         raise ConfigError(refused)
     latest, trainer_state, saved_rank_state = checkpoints.resume()
@@ -274,12 +268,14 @@ def _resume(
     if rank0:
         run_dir.mkdir(parents=True, exist_ok=True)
         state.wandb_id = stable_run_id(run_dir, state.wandb_id)
-        write_run_records(run_dir, OmegaConf.to_yaml(redact_config(cfg)), model_info, Path(__file__).resolve().parent)
+        write_run_records(
+            run_dir, OmegaConf.to_yaml(redact_config(composed)), model_info, Path(__file__).resolve().parent
+        )
         metrics = MetricsLog(
             run_dir,
             wandb_cfg=cfg.logging.wandb,
             run_id=state.wandb_id,
-            config=OmegaConf.to_container(cfg, resolve=True),
+            config=cast(dict, OmegaConf.to_container(composed, resolve=True)),
             resume_step=state.step,
         )
         progress = Progress(cfg.steps, state.step, enabled=cfg.logging.progress)
@@ -297,9 +293,13 @@ def _job_world_size(cfg: DictConfig) -> int:
     return dist.resolve_env().world_size
 
 
+_CHECKED: set[tuple[str, ...]] = set()  # points main() validated before Hydra ran: not validated again
+
+
 def _check_point(overrides: list[str], config_name: str | None) -> None:
     cfg = compose_config(overrides, config_name or "train")
     validate(cfg, world_size=_job_world_size(cfg))
+    _CHECKED.add((config_name or "train", *overrides))
 
 
 @hydra.main(config_path=f"pkg://{CONFIG_PACKAGE}", config_name="train", version_base="1.3")
@@ -317,12 +317,14 @@ def _hydra_main(cfg: DictConfig) -> None:
     if HydraConfig.get().mode == RunMode.MULTIRUN:  # Hydra saved the sweep's command line: without credentials
         redact_yaml_file(Path(HydraConfig.get().sweep.dir) / "multirun.yaml")
     try:
-        validate(cfg, world_size=_job_world_size(cfg))
+        world, point = _job_world_size(cfg), (HydraConfig.get().job.config_name, *HydraConfig.get().overrides.task)
+        # validated once per launch: by main() before Hydra ran (every point of the command line), else here
+        batches = batch_split(cfg, world) if point in _CHECKED else validate(cfg, world_size=world)
         if cfg.launcher.name != "local":  # Slurm: launcher.save_on_signal decides (launch/slurm.py)
-            launch(cfg.launcher, run, cfg)
+            launch(cfg.launcher, run, cfg, batches=batches)
         else:  # here or under torchrun: SIGTERM / SIGINT save at the next step boundary, as under Slurm
             with dist.stop_at_step_boundary():
-                result = launch(cfg.launcher, run, cfg)
+                result = launch(cfg.launcher, run, cfg, batches=batches)
             if result.get("stopped_on_signal"):
                 dist.leave_after_stop("eigtrain-train", result["step"], result["checkpoint"])
     except ConfigError as exn:

@@ -30,44 +30,37 @@ from eigtrain.launch.slurm_report import JobFailedError, failed_tasks, failure_r
 from submitit.core.job_environment import JobEnvironment
 
 from eigtrain import dist
-from eigtrain.schema import SlurmLauncherConfig
+from eigtrain.schema import SlurmLauncherConfig, typed
 
-# Every key and its default: eigtrain.schema.SlurmLauncherConfig (configs/launcher/slurm.yaml documents them).
-DEFAULTS: dict = dataclasses.asdict(SlurmLauncherConfig())
+# Every key and its default: eigtrain.schema.SlurmLauncherConfig (docs/configuration.md).
 GPU_BINDINGS = ("node", "task")
 
 
-def _config(cfg: Mapping) -> dict:
-    if hasattr(cfg, "_metadata"):  # OmegaConf DictConfig, without importing omegaconf here
-        from omegaconf import OmegaConf
-
-        cfg = OmegaConf.to_container(cfg, resolve=True)
-    unknown = sorted(set(cfg) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown launcher key(s) {unknown}; allowed: {sorted(DEFAULTS)}")
-    out = {**DEFAULTS, **cfg}  # a null the user wrote stays null (mem_per_cpu=null: no memory request)
-    if out["name"] != "slurm":
-        raise ValueError(f"launcher.name={out['name']!r} given to the Slurm launcher")
-    if not out["folder"]:
+def _config(cfg: Mapping | SlurmLauncherConfig) -> SlurmLauncherConfig:
+    """The launcher group as its schema dataclass (unknown keys and bad types: a ConfigError naming the key), with
+    the checks a type cannot express, and tasks_per_node resolved (null: one per GPU, at least one)."""
+    c = typed(SlurmLauncherConfig, cfg)
+    if c.name != "slurm":
+        raise ValueError(f"launcher.name={c.name!r} given to the Slurm launcher")
+    if not c.folder:
         raise ValueError("launcher.folder must be set (submitit logs go there; use a folder in the run dir)")
     minimum = {"time": 1, "nodes": 1, "gpus_per_node": 0, "max_requeues": 0, "signal_delay_s": 0}
     for key, low in minimum.items():
-        if not isinstance(out[key], int) or out[key] < low:
-            raise ValueError(f"launcher.{key} must be an integer >= {low}, got {out[key]!r}")
-    if out["gpu_binding"] not in GPU_BINDINGS:
-        raise ValueError(f"launcher.gpu_binding={out['gpu_binding']!r}; allowed: {', '.join(GPU_BINDINGS)}")
-    if out["cpus_per_task"] is not None and (not isinstance(out["cpus_per_task"], int) or out["cpus_per_task"] < 1):
-        raise ValueError(f"launcher.cpus_per_task must be an integer >= 1, got {out['cpus_per_task']!r}")
-    if out["tasks_per_node"] is None:
-        out["tasks_per_node"] = max(1, out["gpus_per_node"])
-    if not isinstance(out["tasks_per_node"], int) or out["tasks_per_node"] < 1:
-        raise ValueError(f"launcher.tasks_per_node must be an integer >= 1, got {out['tasks_per_node']!r}")
-    if out["gpus_per_node"] and out["tasks_per_node"] > out["gpus_per_node"]:
+        if getattr(c, key) < low:
+            raise ValueError(f"launcher.{key} must be an integer >= {low}, got {getattr(c, key)!r}")
+    if c.gpu_binding not in GPU_BINDINGS:
+        raise ValueError(f"launcher.gpu_binding={c.gpu_binding!r}; allowed: {', '.join(GPU_BINDINGS)}")
+    if c.cpus_per_task is not None and c.cpus_per_task < 1:
+        raise ValueError(f"launcher.cpus_per_task must be an integer >= 1, got {c.cpus_per_task!r}")
+    if c.tasks_per_node is None:
+        c = dataclasses.replace(c, tasks_per_node=max(1, c.gpus_per_node))
+    if c.tasks_per_node is None or c.tasks_per_node < 1:
+        raise ValueError(f"launcher.tasks_per_node must be an integer >= 1, got {c.tasks_per_node!r}")
+    if c.gpus_per_node and c.tasks_per_node > c.gpus_per_node:
         raise ValueError(
-            f"launcher.tasks_per_node={out['tasks_per_node']} exceeds "
-            f"launcher.gpus_per_node={out['gpus_per_node']}: one task per GPU"
+            f"launcher.tasks_per_node={c.tasks_per_node} exceeds launcher.gpus_per_node={c.gpus_per_node}: one task per GPU"
         )
-    return out
+    return c
 
 
 _INHERITED_LAUNCH_VARS = (
@@ -85,48 +78,48 @@ _INHERITED_LAUNCH_VARS = (
 def world_size(cfg: Mapping) -> int:
     """How many tasks (ranks) the job will have: nodes x tasks_per_node, after validating `cfg`."""
     c = _config(cfg)
-    return c["nodes"] * c["tasks_per_node"]
+    return c.nodes * c.tasks_per_node
 
 
 def make_executor(cfg: Mapping) -> submitit.AutoExecutor:
-    """A submitit executor for Slurm from the `launcher` config (see DEFAULTS for the keys)."""
+    """A submitit executor for Slurm from the `launcher` config (eigtrain.schema.SlurmLauncherConfig)."""
     c = _config(cfg)
     if shutil.which("sbatch") is None:
         raise RuntimeError("launcher=slurm but `sbatch` is not on PATH: submit from a Slurm login node")
-    executor = submitit.AutoExecutor(folder=c["folder"], cluster="slurm", slurm_max_num_timeout=c["max_requeues"])
-    additional = dict(c["additional_parameters"])
-    if c["max_requeues"] > 0:
+    executor = submitit.AutoExecutor(folder=c.folder, cluster="slurm", slurm_max_num_timeout=c.max_requeues)
+    additional = dict(c.additional_parameters)
+    if c.max_requeues > 0:
         additional.setdefault("requeue", True)  # even where the site's JobRequeue=0
     mem_gb = None
-    if isinstance(c["mem"], str):
-        additional["mem"] = c["mem"]
-    elif c["mem"] is not None:
-        mem_gb = float(c["mem"])
-    elif c["mem_per_cpu"] is not None:  # memory that grows with the loader workers (cpus_per_task)
-        per_cpu = c["mem_per_cpu"]
+    if isinstance(c.mem, str):
+        additional["mem"] = c.mem
+    elif c.mem is not None:
+        mem_gb = float(c.mem)
+    elif c.mem_per_cpu is not None:  # memory that grows with the loader workers (cpus_per_task)
+        per_cpu = c.mem_per_cpu
         additional.setdefault("mem_per_cpu", per_cpu if isinstance(per_cpu, str) else f"{int(float(per_cpu) * 1024)}M")
     gpus = {}
-    if c["gpus_per_node"] and c["gpu_binding"] == "task":  # Slurm gives each task its own GPU (cuda:0 there)
+    if c.gpus_per_node and c.gpu_binding == "task":  # Slurm gives each task its own GPU (cuda:0 there)
         gpus["slurm_gpus_per_task"] = 1
-    elif c["gpus_per_node"]:  # every task sees the node's GPUs and takes the one at its local rank, so
-        gpus["gpus_per_node"] = c["gpus_per_node"]  # NCCL keeps peer-to-peer/NVLink between them
+    elif c.gpus_per_node:  # every task sees the node's GPUs and takes the one at its local rank, so
+        gpus["gpus_per_node"] = c.gpus_per_node  # NCCL keeps peer-to-peer/NVLink between them
         additional.setdefault("gpu_bind", "none")
     executor.update_parameters(
-        name=c["job_name"],
-        timeout_min=c["time"],
-        nodes=c["nodes"],
-        tasks_per_node=c["tasks_per_node"],
+        name=c.job_name,
+        timeout_min=c.time,
+        nodes=c.nodes,
+        tasks_per_node=c.tasks_per_node,
         **gpus,  # none at all on CPU partitions
-        cpus_per_task=c["cpus_per_task"],
+        cpus_per_task=c.cpus_per_task,
         mem_gb=mem_gb,
-        slurm_partition=c["partition"],
-        slurm_account=c["account"],
-        slurm_qos=c["qos"],
-        slurm_constraint=c["constraint"],
-        slurm_signal_delay_s=c["signal_delay_s"],
+        slurm_partition=c.partition,
+        slurm_account=c.account,
+        slurm_qos=c.qos,
+        slurm_constraint=c.constraint,
+        slurm_signal_delay_s=c.signal_delay_s,
         # The submitting shell's environment reaches the job: drop launch variables that would
         # contradict Slurm's (e.g. when submitting from inside a torchrun or Slurm process).
-        slurm_setup=[f"unset {' '.join(_INHERITED_LAUNCH_VARS)}", *c["setup"]],
+        slurm_setup=[f"unset {' '.join(_INHERITED_LAUNCH_VARS)}", *c.setup],
         slurm_additional_parameters=additional,
         # A rank that dies ends the whole step now instead of leaving the others in a collective.
         slurm_srun_args=["--kill-on-bad-exit=1"],
@@ -212,13 +205,13 @@ def submit(cfg: Mapping, fn: Callable, *args, **kwargs) -> submitit.Job:
     c = _config(cfg)
     executor = make_executor(c)
     check_fits(c)  # a request no node of the partition can hold would stay PENDING for ever
-    job = executor.submit(RequeueableCall(fn, c["max_requeues"], c["save_on_signal"]), *args, **kwargs)
+    job = executor.submit(RequeueableCall(fn, c.max_requeues, c.save_on_signal), *args, **kwargs)
     print(
-        f"submitted Slurm job {job.job_id} ({c['nodes']} node(s) x {c['tasks_per_node']} task(s))\n"
+        f"submitted Slurm job {job.job_id} ({c.nodes} node(s) x {c.tasks_per_node} task(s))\n"
         f"  stdout: {job.paths.stdout}\n  stderr: {job.paths.stderr}\n  folder: {job.paths.folder}",
         flush=True,
     )
-    if c["wait"]:
+    if c.wait:
         wait(job)
     return job
 

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from eigtrain.schema import ConfigError
+from eigtrain.schema import ConfigError, SlurmLauncherConfig
 
 # Pending reasons after which the job cannot start without an administrator changing the cluster or the job
 NEVER_REASONS = {
@@ -80,30 +80,30 @@ def size_mb(value, unit_gb: bool = True) -> int | None:
     return int(float(match.group(1)) * scale)
 
 
-def check_fits(c: dict) -> None:
-    """ConfigError, one line naming the keys, when no `c["nodes"]` nodes of the partition can ever hold one node's
+def check_fits(c: SlurmLauncherConfig) -> None:
+    """ConfigError, one line naming the keys, when no `c.nodes` nodes of the partition can ever hold one node's
     share of the job (tasks_per_node x cpus_per_task CPUs, their memory, gpus_per_node GPUs)."""
-    found = partition_nodes(c["partition"])
+    found = partition_nodes(c.partition)
     if found is None:
         return
     partition, nodes = found
-    cpus = c["tasks_per_node"] * (c["cpus_per_task"] or 1)
+    cpus = c.tasks_per_node * (c.cpus_per_task or 1)
     memory = (
-        size_mb(c["mem"])
-        if c["mem"] is not None
-        else (None if size_mb(c["mem_per_cpu"]) is None else size_mb(c["mem_per_cpu"]) * cpus)
+        size_mb(c.mem)
+        if c.mem is not None
+        else (None if size_mb(c.mem_per_cpu) is None else size_mb(c.mem_per_cpu) * cpus)
     )
     ask = (
-        f"{c['tasks_per_node']} task(s) x {c['cpus_per_task'] or 1} CPU(s) = {cpus} CPUs"
+        f"{c.tasks_per_node} task(s) x {c.cpus_per_task or 1} CPU(s) = {cpus} CPUs"
         + (f", {memory} MB" if memory else "")
-        + (f", {c['gpus_per_node']} GPU(s)" if c["gpus_per_node"] else "")
+        + (f", {c.gpus_per_node} GPU(s)" if c.gpus_per_node else "")
     )
     fitting = [
         n
         for n in nodes
-        if n.cpus >= cpus and (not memory or not n.memory_mb or n.memory_mb >= memory) and n.gpus >= c["gpus_per_node"]
+        if n.cpus >= cpus and (not memory or not n.memory_mb or n.memory_mb >= memory) and n.gpus >= c.gpus_per_node
     ]
-    if len(fitting) >= c["nodes"]:
+    if len(fitting) >= c.nodes:
         return
     best = max(nodes, key=lambda n: (n.cpus, n.memory_mb, n.gpus), default=None)
     has = (
@@ -115,7 +115,7 @@ def check_fits(c: dict) -> None:
         )
     )
     raise ConfigError(
-        f"this Slurm job could never start: it asks {c['nodes']} node(s) of {ask} each, and partition {partition!r} "
+        f"this Slurm job could never start: it asks {c.nodes} node(s) of {ask} each, and partition {partition!r} "
         f"has {has}; lower launcher.tasks_per_node, launcher.cpus_per_task (default data.num_workers + 1), "
         f"launcher.mem / mem_per_cpu or launcher.nodes, or pick another launcher.partition"
     )

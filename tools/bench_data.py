@@ -32,9 +32,10 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from eigtrain.data import ShardStream, StreamOptions, build_augment, write_shards
+from eigtrain.data import ShardStream, build_augment, write_shards
 from eigtrain.data.augment import NORMALIZATION, PRESETS
 from eigtrain.data.decode import decode_image_bytes
+from eigtrain.schema import DataConfig
 
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning)
 
@@ -93,7 +94,7 @@ class PerImageViews:
 
 
 def run_stream(root, args, augment) -> float:
-    stream = ShardStream(root, StreamOptions(batch_size=args.batch, num_workers=args.workers, seed=0))
+    stream = ShardStream(DataConfig(root=str(root), num_workers=args.workers), batch_size=args.batch, seed=0)
     generator = torch.Generator().manual_seed(0)
     it = iter(stream)
     augment(next(it)["image"], generator)  # worker start-up and first batch are not timed
@@ -136,7 +137,7 @@ def augment_only(batch, augment, preset, size) -> tuple[float, float]:
 
 
 def decode_rate(root, args) -> float:
-    stream = ShardStream(root, StreamOptions(batch_size=args.batch, num_workers=0, seed=0))
+    stream = ShardStream(DataConfig(root=str(root), num_workers=0), batch_size=args.batch, seed=0)
     it = iter(stream)
     next(it)
     start, images = time.perf_counter(), 0
@@ -180,7 +181,9 @@ def main():
         for _ in range(args.repeats):
             stream.append(run_stream(tmp, args, augment))
             baseline.append(run_torchvision(tmp, args))
-        batch = next(iter(ShardStream(tmp, StreamOptions(batch_size=args.batch, num_workers=0))))["image"]
+        batch = next(iter(ShardStream(DataConfig(root=str(tmp), num_workers=0), batch_size=args.batch, seed=0)))[
+            "image"
+        ]
         torch.set_num_threads(1)
         batched_1t, per_image_1t = augment_only(batch, augment, args.preset, args.size)
         decode = [decode_rate(tmp, args) for _ in range(args.repeats)]

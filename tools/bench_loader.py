@@ -36,8 +36,9 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from eigtrain.data import ShardStream, StreamOptions, build_augment
+from eigtrain.data import ShardStream, build_augment
 from eigtrain.data.augment import PRESETS
+from eigtrain.schema import DataConfig
 
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities", category=DeprecationWarning)
 
@@ -80,16 +81,8 @@ def timed(make_batches, count: int, size_of) -> float:
 
 def ours(pattern, args, size, workers: int, augment=None) -> float:
     """ShardStream; with `augment` both views are made in this process on the CPU."""
-    options = StreamOptions(
-        batch_size=args.batch,
-        num_workers=workers,
-        seed=0,
-        label_key="cls",
-        image_size=size,
-        image_fit="whole",
-        shuffle_block=1000,
-    )
-    stream = ShardStream(shards=pattern, options=options)
+    data = DataConfig(shards=pattern, num_workers=workers, label_key="cls", image_size=size, image_fit="whole")
+    stream = ShardStream(data, batch_size=args.batch, seed=0)
     generator = torch.Generator().manual_seed(0)
 
     def size_of(batch):

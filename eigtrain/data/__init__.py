@@ -13,7 +13,6 @@ from .sample_counts import shard_counts
 from .shards import ShardError, expand_shards
 from .sources import cifar10_source, digits_source, imagefolder_source, npz_source
 from .stream import CorruptDataError, ShardStream
-from .stream_options import StreamOptions
 from .write import write_shards
 
 __all__ = [
@@ -23,7 +22,6 @@ __all__ = [
     "ShardError",
     "ShardIndex",
     "ShardStream",
-    "StreamOptions",
     "ViewRecipe",
     "build_augment",
     "expand_shards",

@@ -8,6 +8,8 @@ stream = build_stream(cfg.data, batch_size=..., rank=..., world_size=..., seed=.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,7 +23,7 @@ from .index import INDEX_NAME, read_index
 from .sample_counts import known_counts, shard_counts
 from .shards import expand_shards, local_path
 from .stream import ShardStream
-from .stream_options import StreamOptions
+from .stream_checks import listed
 
 
 class DataConfigError(ValueError):
@@ -30,7 +32,7 @@ class DataConfigError(ValueError):
 
 def _listed(value: Any) -> Any:
     """A config value that is a string, None or a list (ListConfig) -> str, None or list[str]."""
-    return value if value is None or isinstance(value, str) else [str(v) for v in value]
+    return listed(value)
 
 
 def uses_shards(data) -> bool:
@@ -185,9 +187,9 @@ def _write_demo(data, root: Path) -> None:
             f"webdataset shards written by other tools use data.shards='{root}/<name>-{{000000..000099}}.tar' "
             f"(and data.write_if_missing=null)"
         )
-    from .write import main as write_shards_cli
+    from .write import WriteArgs, check_args, write_source
 
-    write_shards_cli([f"source={data.write_if_missing}", f"out={root}", f"shard_size={data.shard_size}"])
+    write_source(check_args(asdict(WriteArgs(source=data.write_if_missing, out=str(root), shard_size=data.shard_size))))
 
 
 def build_stream(
@@ -206,39 +208,23 @@ def build_stream(
     """The training stream of the `data` config on `device` (pinned memory and nvJPEG decoding follow it); with
     `one_pass`, every sample of `split` exactly once across ranks and workers (embedding, Rayleigh-Ritz)."""
     device, data = torch.device(device), typed(DataConfig, data)
-    pin = data.pin_memory
-    common = dict(
-        split=split or data.split,
+    split, key = split or data.split, "data.shards"
+    pin = device.type == "cuda" if data.pin_memory is None else bool(data.pin_memory)
+    changes: dict[str, Any] = dict(split=split, resampled=data.resampled and not one_pass, pin_memory=pin)
+    if num_workers is not None:
+        changes["num_workers"] = num_workers
+    if uses_shards(data):
+        key, shards = split_shards(data, split)
+        changes["shards"] = _listed(shards)
+    jpeg = choose_jpeg_device(data.decode, device, data.image_size) if data.mode == "views" else None
+    return ShardStream(
+        dataclasses.replace(data, **changes),
         batch_size=batch_size,
         rank=rank,
         world_size=world_size,
-        num_workers=data.num_workers if num_workers is None else num_workers,
         seed=seed,
-        mode=data.mode,
-        image_size=data.image_size,
-        resampled=data.resampled and not one_pass,
         one_pass=one_pass,
-        max_corrupt=data.max_corrupt,
-        shuffle_block=data.shuffle_block,
-        pin_memory=device.type == "cuda" if pin is None else bool(pin),
-        prefetch_factor=data.prefetch_factor,
-        persistent_workers=data.persistent_workers,
-        image_fit=data.image_fit,
-        mix_shards=data.mix_shards,
-        io_timeout_s=float(data.io_timeout_s),
-        jpeg_device=choose_jpeg_device(data.decode, device, data.image_size) if data.mode == "views" else None,
+        cache_dir=cache_dir,
+        jpeg_device=jpeg,
+        shards_key=key,
     )
-    if uses_shards(data):
-        key, shards = split_shards(data, common["split"])
-        options = StreamOptions(
-            shards_key=key,
-            image_key=_listed(data.image_key),
-            label_key=data.label_key,
-            x_key=_listed(data.x_key),
-            a_key=_listed(data.a_key),
-            cache_dir=cache_dir,
-            shard_index=data.shard_index,
-            **common,
-        )
-        return ShardStream(shards=_listed(shards), options=options)
-    return ShardStream(data.root, StreamOptions(**common))

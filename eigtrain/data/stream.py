@@ -29,20 +29,23 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+import torch
 from torch.utils.data import DataLoader
+
+from eigtrain.schema import DataConfig
 
 from . import plan
 from .decode import IMAGE_EXTS, Corrupt, DecodeSpec, parse_keys
-from .index import read_index
+from .index import ShardIndex, read_index
 from .sample_counts import shard_counts
 from .shards import expand_shards
-from .stream_options import MODES, StreamOptions
-from .stream_read import NETWORK_RETRIES, WorkerPipeline, read_shard, read_tasks
+from .stream_checks import MODES, as_size, check_stream, listed
+from .stream_read import NETWORK_RETRIES, WorkerPipeline, named_timeout, read_shard, read_tasks
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-__all__ = ["MODES", "CorruptDataError", "ShardStream", "StreamOptions", "read_shard", "read_tasks"]
+__all__ = ["MODES", "CorruptDataError", "ShardStream", "read_shard", "read_tasks"]
 
 
 class CorruptDataError(RuntimeError):
@@ -52,8 +55,8 @@ class CorruptDataError(RuntimeError):
 class ShardStream:
     """Batches of one split for one rank, from the shards indexed in ``root/index.json`` or from ``shards``.
 
-    Foreign shards: ``ShardStream(shards="https://host/train-{000000..000146}.tar", options=StreamOptions(
-    label_key="cls", image_size=256, image_fit="whole", cache_dir=RUN_DIR/"data", ...))``. `shards` is a brace
+    Foreign shards: ``ShardStream(DataConfig(shards="https://host/train-{000000..000146}.tar", label_key="cls",
+    image_size=[256, 256], image_fit="whole"), batch_size=64, seed=0, cache_dir=RUN_DIR/"data")``. `shards` is a brace
     pattern or a list of patterns/URLs (read in that order) holding exactly the split `split` (a config picks them
     by split: data.shards or data.val_shards, `eigtrain.data.from_config.split_shards`; `shards_key` names them in
     messages); their sample counts come from `shard_index` (a wids index), an index next to the shards, or a
@@ -80,49 +83,56 @@ class ShardStream:
     trainer may save rank 0's and load it on every rank (only the corrupt-sample count in it is per rank).
     Use one live iterator per stream at a time.
 
-    Every argument but the source is a field of `StreamOptions` (eigtrain.data.stream_options), one line of
-    doc each.
+    `data`: the schema's data dataclass (eigtrain.schema.DataConfig, each key's default and doc); the source is
+    data.shards when set, else data.root. The rest is the job's (per-rank batch size, rank, world size, seed, ...).
     """
 
     def __init__(
         self,
-        root: str | os.PathLike | None = None,
-        options: StreamOptions | None = None,
+        data: DataConfig,
         *,
-        shards: str | list[str] | None = None,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int,
+        one_pass: bool = False,
+        cache_dir: str | os.PathLike | None = None,
+        jpeg_device: torch.device | None = None,
+        shards_key: str = "data.shards",
     ):
-        if (root is None) == (shards is None):
-            raise ValueError("give exactly one of root (an eigtrain shard directory) and shards (a pattern or list)")
-        o = self.options = options or StreamOptions()  # validated when made
-        split, batch_size, rank, world_size = o.split, o.batch_size, o.rank, o.world_size
-        # The stream's own attributes stay what they were: the cursor, the workers and the callers read them.
-        self.split, self.batch_size, self.mode = split, batch_size, o.mode
-        self.rank, self.world_size, self.num_workers, self.seed = rank, world_size, o.num_workers, o.seed
-        self.resampled, self.one_pass, self.max_corrupt = o.resampled, o.one_pass, o.max_corrupt
-        self.shuffle_block, self.pin_memory, self.prefetch_factor = o.shuffle_block, o.pin_memory, o.prefetch_factor
-        self.persistent_workers, self.mix_shards, self.io_timeout_s = o.persistent_workers, o.mix_shards, o.io_timeout_s
-        self.image_size, self.image_fit, self.jpeg_device = o.image_size, o.image_fit, o.jpeg_device
+        check_stream(data, batch_size, (rank, world_size), seed, one_pass, jpeg_device is not None)
+        split = data.split
+        # The stream's own attributes: the cursor, the workers and the callers read them.
+        self.split, self.batch_size, self.mode = split, batch_size, data.mode
+        self.rank, self.world_size, self.num_workers, self.seed = rank, world_size, data.num_workers, seed
+        self.resampled, self.one_pass, self.max_corrupt = data.resampled, one_pass, data.max_corrupt
+        self.shuffle_block, self.prefetch_factor = data.shuffle_block, data.prefetch_factor
+        self.pin_memory, self.persistent_workers = bool(data.pin_memory), data.persistent_workers  # null: off
+        self.mix_shards, self.io_timeout_s = data.mix_shards, float(data.io_timeout_s)
+        self.image_size, self.image_fit, self.jpeg_device = as_size(data.image_size), data.image_fit, jpeg_device
 
-        if root is not None:
-            self.root = Path(root)
+        if not data.shards:
+            self.root: Path | None = Path(data.root or "")  # check_stream: data.root or data.shards
             self.where = f"split {split!r} of {self.root}"
-            self.index = read_index(self.root)
+            self.index: ShardIndex | None = read_index(self.root)
             names = self.index.shards(split)  # fails on an unknown or empty split
             self.index.check_files(split)  # fails on a missing or empty shard file, before any worker starts
             self.shards = [(str(self.root / name), n) for name, n in names]
             self.spec = self._decode_spec(self.index.meta)
         else:
             self.root, self.index = None, None
-            urls = expand_shards(shards)
-            self.where = f"{o.shards_key} ({len(urls)} shards, {urls[0]} ...)"
-            counts = shard_counts(urls, o.cache_dir, o.shard_index, o.io_timeout_s)
+            urls = expand_shards(listed(data.shards) or [])  # check_stream: data.shards is set here
+            self.where = f"{shards_key} ({len(urls)} shards, {urls[0]} ...)"
+            counts = shard_counts(urls, cache_dir, data.shard_index, self.io_timeout_s)
             self.shards = list(zip(urls, counts))
             if sum(counts) == 0:
                 raise ValueError(f"the shards of {self.where} hold no samples")
-            self.spec = self._foreign_spec(o.image_key, o.label_key, o.x_key, o.a_key)
+            self.spec = self._foreign_spec(
+                listed(data.image_key), data.label_key, listed(data.x_key), listed(data.a_key)
+            )
         self.num_samples = sum(n for _, n in self.shards)
 
-        self.workers = max(o.num_workers, 1)  # num_workers=0 reads in this process, as one worker
+        self.workers = max(data.num_workers, 1)  # num_workers=0 reads in this process, as one worker
         self.num_slots = world_size * self.workers
         if len(self.shards) < self.num_slots:  # slots then share shards, each reading its own sample range
             log.warning(
@@ -133,10 +143,10 @@ class ShardStream:
                 world_size,
                 self.workers,
             )
-        if o.one_pass:
+        if one_pass:
             slots = range(rank * self.workers, (rank + 1) * self.workers)
             sizes = [sum(map(len, plan.one_pass_tasks(self.shards, s, self.num_slots))) for s in slots]
-            self._worker_batches = [math.ceil(n / batch_size) for n in sizes]
+            self._worker_batches: list[int] | None = [math.ceil(n / batch_size) for n in sizes]
             self.batches_per_epoch = sum(self._worker_batches)
         else:
             self.per_slot = plan.samples_per_slot(self.num_samples, self.num_slots, batch_size)
@@ -242,15 +252,15 @@ class ShardStream:
                 persistent_workers=self.persistent_workers,
                 timeout=timeout,
             )
-            batches = _named_timeout(iter(loader), self.where, timeout)
-        decoder = None
-        if self.jpeg_device is not None:
+            batches = named_timeout(iter(loader), self.where, timeout)
+        decoder, device = None, self.jpeg_device
+        if device is not None:
             from .gpu_decode import JpegDecoder, finish_batch
 
-            decoder = JpegDecoder(self.jpeg_device)
+            decoder = JpegDecoder(device)
         for batch in batches:
-            if decoder is not None:
-                batch = finish_batch(batch, self.spec, self.jpeg_device, decoder)
+            if decoder is not None and device is not None:
+                batch = finish_batch(batch, self.spec, device, decoder)
             self._count_corrupt(batch.pop("corrupt"))
             self._batches += 1
             yield batch
@@ -335,16 +345,3 @@ class ShardStream:
             done_new,
             self.batches_per_epoch,
         )
-
-
-def _named_timeout(batches: Iterator[dict], where: str, timeout_s: float) -> Iterator[dict]:
-    """The DataLoader's batches; its timeout as one `TimeoutError` naming the data and the key that sets it."""
-    try:
-        yield from batches
-    except RuntimeError as exn:
-        if "DataLoader timed out" not in str(exn):
-            raise
-        raise TimeoutError(
-            f"the data workers of {where} delivered no batch for {timeout_s:g} s (a stalled or very "
-            f"slow source; the bound follows data.io_timeout_s)"
-        ) from None

@@ -149,3 +149,16 @@ def read_shard(task: plan.ReadTask, timeout_s: float = DEFAULT_TIMEOUT_S) -> Ite
     for missing in range(max(position, task.start), task.stop):
         where = f"sample #{missing} (after key {last_key!r})" if last_key else f"sample #{missing}"
         yield Corrupt(task.shard, where, f"not readable from the shard: {error}")
+
+
+def named_timeout(batches: Iterator[dict], where: str, timeout_s: float) -> Iterator[dict]:
+    """The DataLoader's batches; its timeout as one `TimeoutError` naming the data and the key that sets it."""
+    try:
+        yield from batches
+    except RuntimeError as exn:
+        if "DataLoader timed out" not in str(exn):
+            raise
+        raise TimeoutError(
+            f"the data workers of {where} delivered no batch for {timeout_s:g} s (a stalled or very "
+            f"slow source; the bound follows data.io_timeout_s)"
+        ) from None

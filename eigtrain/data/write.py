@@ -137,13 +137,13 @@ class _ShardFile:
 
 @dataclass
 class WriteArgs:
-    source: str = "digits"
-    out: str | None = None
-    path: str | None = None
-    shard_size: int = 1000
-    val_fraction: float | None = None
-    seed: int = 0
-    overwrite: bool = False
+    source: str = "digits"  # digits (scikit-learn's) | cifar10 | imagefolder | npz
+    out: str | None = None  # the shard directory written (shards and index.json)
+    path: str | None = None  # the source's files (every source but digits)
+    shard_size: int = 1000  # samples per shard
+    val_fraction: float | None = None  # digits and npz: the share held out as split val (null: 0.2)
+    seed: int = 0  # the order of the samples and the train/val split
+    overwrite: bool = False  # replace shards eigtrain wrote at out (anything else there is refused)
 
 
 SOURCES = ("digits", "cifar10", "imagefolder", "npz")
@@ -153,7 +153,11 @@ DEFAULT_VAL_FRACTION = 0.2
 
 def parse_args(argv: list[str]) -> dict:
     """key=value arguments; an unknown key or a bad value is one error that names it."""
-    args = asdict(compose_dataclass(WriteArgs, argv))
+    return check_args(asdict(compose_dataclass(WriteArgs, argv)))
+
+
+def check_args(args: dict) -> dict:
+    """`args` (the fields of WriteArgs) when they make a command; else a ValueError naming the key."""
     if args["source"] not in SOURCES:
         raise ValueError(f"unknown source {args['source']!r}; allowed: {list(SOURCES)}")
     if args["out"] is None:
@@ -183,9 +187,9 @@ def build_source(args: dict) -> Source:
 
 @dataclass
 class IndexArgs:
-    out: str | None = None
-    name: str = ""
-    timeout_s: float = 60.0
+    out: str | None = None  # the index file (null: next to local shards)
+    name: str = ""  # the data set's name in the index
+    timeout_s: float = 60.0  # bound on every network read while counting
 
 
 def index_main(argv: list[str]) -> None:
@@ -226,6 +230,15 @@ def _check_index_target(out: Path) -> None:
         )
 
 
+def write_source(args: dict) -> ShardIndex:
+    """Write the shards `args` (checked by `check_args`) describe: eigtrain-shards, or a trainer's demo data."""
+    source = build_source(args)
+    meta = {**source.meta, "source": source.name, "seed": args["seed"], "shard_size": args["shard_size"]}
+    return write_shards(
+        args["out"], source.splits, shard_size=args["shard_size"], meta=meta, overwrite=args["overwrite"]
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "index":
@@ -234,12 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         except (ValueError, OSError) as exn:
             raise SystemExit(f"eigtrain-shards index: error: {exn}") from None
     try:
-        args = parse_args(argv)
-        source = build_source(args)
-        meta = {**source.meta, "source": source.name, "seed": args["seed"], "shard_size": args["shard_size"]}
-        index = write_shards(
-            args["out"], source.splits, shard_size=args["shard_size"], meta=meta, overwrite=args["overwrite"]
-        )
+        index = write_source(parse_args(argv))
     except (ValueError, OSError) as exn:
         raise SystemExit(f"eigtrain-shards: error: {exn}") from None
     summary = {

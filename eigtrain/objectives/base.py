@@ -7,6 +7,8 @@ from typing import Any, Callable, cast
 import torch
 from torch import nn
 
+from eigtrain.schema.objectives import common_options
+
 from .moments import (
     REDUCTIONS,
     all_reduce_sum,
@@ -21,7 +23,7 @@ from .nesting import Nesting
 
 
 class Objective(nn.Module):
-    """Base class. A family defines `defaults`, `moments` (local sums) and `combine` (loss from sums).
+    """Base class. A family defines `defaults` (from its schema dataclass, eigtrain.schema.objectives), `moments` (local sums) and `combine` (loss from sums).
 
     moments(f, g, sequential, ctx) -> dict of local batch sums (tensors); summed over ranks.
     combine(stats, own) -> (loss, terms); own=True uses the sequential ("own") masks.
@@ -37,10 +39,10 @@ class Objective(nn.Module):
     split_batch = False  # split-batch (even/odd) estimators need an even local batch
     default_pairs = False
     allows_pairs = True
-    # Keys every objective takes besides its family's coefficients (and their defaults, also the schema's).
+    # Keys every objective takes besides its family's coefficients; defaults: eigtrain.schema.objectives.
     # 125 flops/byte: an H100's IEEE fp32 matmul (~50 TFLOP/s) over NCCL's ~400 GB/s bus bandwidth on NVSwitch or
     # 8 x 400 Gb/s NDR per node (benchmarks/scaling.md; ~1,000 with one NIC per node).
-    options: dict[str, Any] = {"reduction": "auto", "reduction_flops_per_byte": 125.0}
+    options: dict[str, Any] = common_options()
 
     def __init__(
         self,

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
+from eigtrain.schema.objectives import LoraConfig, coefficients_of
+
 from .base import Objective
 from .moments import device_scalar, gram
 
@@ -27,9 +29,7 @@ CONSTANT_MODES = ("none", "fixed")
 class LoRA(Objective):
     name = "lora"
     # constant_mode: fixed (the constant function held outside the nested prefixes; module docstring) | none.
-    # fixed by default: measured better for l2-normalized SCL, equal within noise unnormalized
-    # (benchmarks/jn_constant.md).
-    defaults = {"center": False, "normalize": "none", "constant_mode": "fixed"}
+    defaults = coefficients_of(LoraConfig)
     default_pairs = True
 
     def __init__(self, dim, nesting, distributed=True, pairs=None, **coefficients):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from eigtrain.schema.objectives import RqConfig, coefficients_of
+
 from .base import Objective
 from .moments import device_scalar, gram, split_even_odd
 
@@ -23,7 +25,7 @@ def _pair_factor(nu: float):
 
 class RQ(Objective):
     name = "rq"
-    defaults = {"mu": 10.0, "nu": 30.0, "center": False}
+    defaults = coefficients_of(RqConfig)
     split_batch = True
 
     def __init__(self, dim, nesting, distributed=True, pairs=None, **coefficients):

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import torch
 
+from eigtrain.schema.objectives import VicregConfig, coefficients_of
+
 from .base import Objective
 from .moments import device_scalar, gram
 
 
 class VICReg(Objective):
     name = "vicreg"
-    defaults = {"sim_coeff": 25.0, "std_coeff": 25.0, "cov_coeff": 1.0, "eps": 1e-4}
+    defaults = coefficients_of(VicregConfig)
 
     def __init__(self, dim, nesting, distributed=True, pairs=None, **coefficients):
         super().__init__(dim, nesting, distributed, pairs, **coefficients)

@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import torch
 
+from eigtrain.schema.objectives import VicregPaperConfig, coefficients_of
+
 from .rq import _pair_factor
 from .vicreg import VICReg
 
 
 class VICRegPaper(VICReg):
     name = "vicreg_paper"
-    defaults = {"lam": 50.0, "mu": 25.0, "nu": 512.0, "eps": 1e-4}
+    defaults = coefficients_of(VicregPaperConfig)
 
     def __init__(self, dim, nesting, distributed=True, pairs=None, **coefficients):
         super().__init__(dim, nesting, distributed, pairs, **coefficients)

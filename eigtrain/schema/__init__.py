@@ -4,8 +4,11 @@
   (objective, optim, launcher) have one dataclass per option;
 - check.py: `check` (unknown keys, bad types, option names; fills each option's defaults) and `typed` (a group
   as its dataclass: what builders take);
-- combinations.py: `validate` (choices from the registries, combinations, batch arithmetic);
-- naming.py: sweep point directory names.
+- objectives.py: the objective group's dataclasses (one per objective; the objectives read their defaults here).
+
+The schema is a leaf: it imports nothing of eigtrain's (tests/config/test_schema_leaf.py). What needs the registries
+or the data -- `validate` (choices, combinations, batch arithmetic) -- is eigtrain.train_checks; sweep point names
+and the yaml files' resolvers are eigtrain.sweep_naming.
 
 Adding a key is one line in groups.py; a yaml file sets it only where its value differs from that default
 (tests/config/test_yaml_defaults.py). Hydra composes configs/train.yaml on top of `TrainConfig` (registered in the
@@ -17,9 +20,17 @@ is an error naming the key.
 from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
 
-from eigtrain.schema.check import NAMED_GROUPS, ConfigError, check, describe, fill_option_defaults, typed, typed_option
+from eigtrain.schema.check import (
+    NAMED_GROUPS,
+    ConfigError,
+    check,
+    describe,
+    fill_option_defaults,
+    train_config,
+    typed,
+    typed_option,
+)
 from eigtrain.schema.groups import (
     LAUNCHER_SCHEMAS,
     OPTIM_SCHEMAS,
@@ -39,39 +50,31 @@ from eigtrain.schema.groups import (
     WandbConfig,
     objective_schema,
 )
-from eigtrain.schema.naming import NOT_RESULT_KEYS, names_point, sweep_point
+from eigtrain.schema.objectives import (
+    OBJECTIVE_SCHEMAS,
+    LoraConfig,
+    ObjectiveBase,
+    RqConfig,
+    RqDirectConfig,
+    SclConfig,
+    VicregConfig,
+    VicregPaperConfig,
+)
 
 
 def register() -> None:
-    """Put the schema into Hydra's ConfigStore and register the resolvers the yaml files use. train.yaml's defaults
-    list names `train_schema`; each objective, optim and launcher file names its option's dataclass first
-    (`/schema/optim/sgd@_here_`), so its keys are all there, typed, when the command line overrides one."""
+    """Put the schema into Hydra's ConfigStore. train.yaml's defaults list names `train_schema`; each objective,
+    optim and launcher file names its option's dataclass first (`/schema/optim/sgd@_here_`), so its keys are all
+    there, typed, when the command line overrides one."""
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainConfig)
-    from eigtrain.objectives import OBJECTIVES  # pure tensor code: no import of this package
-
-    options = {
-        "objective": {name: objective_schema(name) for name in OBJECTIVES},
-        "optim": OPTIM_SCHEMAS,
-        "launcher": LAUNCHER_SCHEMAS,
-    }
+    options = {"objective": OBJECTIVE_SCHEMAS, "optim": OPTIM_SCHEMAS, "launcher": LAUNCHER_SCHEMAS}
     for group, schemas in options.items():
         for name, schema in schemas.items():
             store.store(group=f"schema/{group}", name=name, node=schema)
-    OmegaConf.register_new_resolver("eigtrain.sweep_point", sweep_point, replace=True)
-    # launcher=slurm: one CPU per DataLoader worker plus the training process
-    OmegaConf.register_new_resolver("eigtrain.cpus_for_workers", lambda workers: int(workers) + 1, replace=True)
 
 
 register()
-
-
-def __getattr__(name: str):
-    if name == "validate":  # lazily: it imports the builders, which import this package
-        from eigtrain.schema.combinations import validate
-
-        return validate
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
@@ -86,8 +89,15 @@ __all__ = [
     "ModelConfig",
     "MonitorConfig",
     "NAMED_GROUPS",
-    "NOT_RESULT_KEYS",
     "NestingConfig",
+    "OBJECTIVE_SCHEMAS",
+    "ObjectiveBase",
+    "LoraConfig",
+    "SclConfig",
+    "RqConfig",
+    "RqDirectConfig",
+    "VicregConfig",
+    "VicregPaperConfig",
     "OPTIM_SCHEMAS",
     "OptimBase",
     "SGDConfig",
@@ -97,11 +107,9 @@ __all__ = [
     "check",
     "describe",
     "fill_option_defaults",
-    "names_point",
     "objective_schema",
     "register",
-    "sweep_point",
+    "train_config",
     "typed",
     "typed_option",
-    "validate",
 ]

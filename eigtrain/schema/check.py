@@ -6,32 +6,32 @@ Every failure is one ``ConfigError`` line naming the key and what is allowed.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from eigtrain.schema.groups import LAUNCHER_SCHEMAS, OPTIM_SCHEMAS, TrainConfig, objective_schema
+from eigtrain.schema.groups import LAUNCHER_SCHEMAS, OPTIM_SCHEMAS, TrainConfig
+from eigtrain.schema.objectives import OBJECTIVE_SCHEMAS
 
 
 class ConfigError(ValueError):
     """A bad training config: names the key and what is allowed."""
 
 
-_BY_NAME = {"optim": OPTIM_SCHEMAS, "launcher": LAUNCHER_SCHEMAS}
+_BY_NAME: dict[str, dict[str, Any]] = {
+    "objective": OBJECTIVE_SCHEMAS,
+    "optim": OPTIM_SCHEMAS,
+    "launcher": LAUNCHER_SCHEMAS,
+}
 NAMED_GROUPS = ("objective", "optim", "launcher")  # groups whose keys depend on the option's name
 
 
 def _group_schema(group: str, name: Any) -> type:
-    if group == "objective":
-        from eigtrain.objectives import OBJECTIVES
-
-        schemas = dict.fromkeys(OBJECTIVES)
-    else:
-        schemas = _BY_NAME[group]
+    schemas = _BY_NAME[group]
     if name not in schemas:
         raise ConfigError(f"{group}.name={name!r} is not allowed; allowed: {', '.join(schemas)}")
-    return objective_schema(name) if group == "objective" else schemas[name]
+    return schemas[name]
 
 
 def typed(schema: type, node: Any) -> Any:
@@ -61,7 +61,7 @@ def check(cfg: DictConfig) -> None:
     Hydra already applies `TrainConfig` while composing; this also covers configs built or changed in
     code, `+key=value` additions, and the groups whose keys depend on the option's name.
     """
-    rest = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    rest = OmegaConf.create(cast(dict, OmegaConf.to_container(cfg, resolve=False)))
     for group in NAMED_GROUPS:
         node = cfg.get(group)
         if not isinstance(node, DictConfig):
@@ -70,6 +70,24 @@ def check(cfg: DictConfig) -> None:
         rest[group] = None
     _fits(TrainConfig, rest)
     fill_option_defaults(cfg)
+
+
+def train_config(cfg: DictConfig) -> TrainConfig:
+    """The composed training config as its dataclass, each name-keyed group as its option's: the one conversion of
+    a training job's config (`check` first). Its parts are what the components take (interpolations resolved)."""
+    check(cfg)
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(plain, dict)
+    try:
+        node = OmegaConf.merge(
+            OmegaConf.structured(TrainConfig), {k: v for k, v in plain.items() if k not in NAMED_GROUPS}
+        )
+        for group in NAMED_GROUPS:
+            schema = _group_schema(group, plain[group]["name"])
+            cast(DictConfig, node)[group] = OmegaConf.merge(OmegaConf.structured(schema), plain[group])
+        return OmegaConf.to_object(node)  # type: ignore[return-value]
+    except OmegaConfBaseException as error:
+        raise ConfigError(describe(error)) from None
 
 
 def fill_option_defaults(cfg: DictConfig) -> None:

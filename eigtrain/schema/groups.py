@@ -1,18 +1,35 @@
 """The training config's dataclasses: every key, its type, its default and one line of doc (the trailing comment).
 
 Groups whose keys depend on the option's `name` (objective, optim, launcher) have one dataclass per option:
-OPTIM_SCHEMAS, LAUNCHER_SCHEMAS, and `objective_schema(name)`, made from the objective class's `defaults` so that
-a coefficient is declared once, next to the loss that uses it (eigtrain/objectives).
+OPTIM_SCHEMAS, LAUNCHER_SCHEMAS, and OBJECTIVE_SCHEMAS (eigtrain.schema.objectives).
+
+A key with a fixed set of values has its `Literal` alias here (OmegaConf 2.3 cannot type a field by a Literal, so the
+field is `str` and eigtrain.train_checks checks the value against the alias; tests/config/test_schema_leaf.py
+checks each alias against the registry that uses the value).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Literal, Optional
 
 from omegaconf import MISSING
+
+from eigtrain.schema.objectives import OBJECTIVE_SCHEMAS, ObjectiveBase
+
+NestingMode = Literal["none", "joint", "sequential"]  # eigtrain.objectives.nesting.MODES
+Backbone = Literal["tiny_cnn", "resnet18", "resnet50", "vit_tiny", "vit_small", "vit_base", "mlp"]  # eigtrain.models.BACKBONES
+DataMode = Literal["views", "pairs"]  # eigtrain.data.stream.MODES
+AugmentPreset = Literal["digits", "cifar", "imagenet", "none"]  # eigtrain.data.augment_recipes.PRESETS
+ImageFit = Literal["cover", "whole"]  # eigtrain.data.decode.FITS
+Decode = Literal["auto", "cpu", "cuda"]  # eigtrain.data.gpu_decode.DECODE_CHOICES
+Engine = Literal["ddp", "deepspeed"]  # eigtrain.engine.ENGINES
+Precision = Literal["auto", "fp32", "bf16"]  # eigtrain.engine.base.PRECISIONS
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]  # COMPILE_MODES
+ZeroStage = Literal[1, 2, 3]  # eigtrain.engine.deepspeed_zero.ZERO_STAGES
+Schedule = Literal["cosine", "constant"]  # eigtrain.engine.optim.SCHEDULES
+WandbMode = Literal["offline", "online", "disabled"]  # eigtrain.metrics_log.WANDB_MODES
+Device = Literal["auto", "cpu", "cuda"]
 
 
 @dataclass
@@ -184,28 +201,9 @@ class SlurmLauncherConfig:
 LAUNCHER_SCHEMAS = {"local": LocalLauncherConfig, "slurm": SlurmLauncherConfig}
 
 
-@functools.cache  # one class per objective: a config typed by it merges with it again
-def objective_schema(name: str) -> type:
-    """A dataclass of objective `name`'s keys, made from its class's `defaults` and the `options` every
-    objective takes (reduction across ranks: auto | moments | gather; types from the values)."""
-    from eigtrain.objectives import OBJECTIVES
-
-    defaults = {**OBJECTIVES[name].defaults, **OBJECTIVES[name].options}
-    fields = [(k, type(v), field(default=v)) for k, v in defaults.items()]
-    cls = dataclasses.make_dataclass(f"{name}_objective", [("name", str, field(default=name))] + fields)
-    cls.__module__ = __name__  # pickle finds it here again (module __getattr__ below)
-    return cls
-
-
-def __getattr__(attr: str) -> type:
-    """`<name>_objective`: how pickle finds objective_schema(name) again, e.g. in a Slurm task unpickling its
-    config, so the config stays typed by the very class it merges with (not a second class of the same name)."""
-    if attr.endswith("_objective"):
-        from eigtrain.objectives import OBJECTIVES
-
-        if attr.removesuffix("_objective") in OBJECTIVES:
-            return objective_schema(attr.removesuffix("_objective"))
-    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+def objective_schema(name: str) -> type[ObjectiveBase]:
+    """The dataclass of objective `name`'s keys (eigtrain.schema.objectives)."""
+    return OBJECTIVE_SCHEMAS[name]
 
 
 # ------------------------------------------------------------------------------------------- root
@@ -213,7 +211,7 @@ def __getattr__(attr: str) -> type:
 
 @dataclass
 class TrainConfig:
-    objective: Any = MISSING  # the loss: configs/objective/NAME.yaml, keys objective_schema(NAME)
+    objective: Any = MISSING  # the loss: configs/objective/NAME.yaml, keys OBJECTIVE_SCHEMAS[NAME]
     nesting: NestingConfig = field(default_factory=NestingConfig)  # prefix sets the loss is nested over
     model: ModelConfig = field(default_factory=ModelConfig)  # encoder: backbone + projector
     data: DataConfig = field(default_factory=DataConfig)  # shards and the streaming pipeline

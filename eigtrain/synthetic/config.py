@@ -64,39 +64,39 @@ class SyntheticConfig:
     objective: str = "scl"  # a name of eigtrain's objectives registry (lora = scl here: one encoder, two views)
     extraction: str = "joint"  # joint: train with joint nesting | rr: train plain, then Rayleigh-Ritz
     # fixed: coordinate 1 is the constant function, the top eigenfunction of every such kernel | learned (the paper)
-    constant_mode: str = "fixed"
+    constant_mode: str = "fixed"  # fixed (coordinate 1 is the constant function) | learned (the paper)
     rr_mode: str = "generalized"  # generalized (exact in any basis) | paper (appendix F per objective)
     # joint nesting's read-off: gs (Gram-Schmidt in feature order, Rayleigh-quotient eigenvalues) | paper
     # (features as they are; eigenvalue ||f_i||^2 for LoRA/SCL, E[f_i(a) f_i(a+)] for RQ/VICReg)
-    jn_readoff: str = "gs"
+    jn_readoff: str = "gs"  # joint nesting's read-off: gs (Gram-Schmidt in feature order) | paper
     # pairs for extraction and eigenvalues: fresh (rr_samples new pairs) | train (every training pair drawn)
-    extraction_pairs: str = "fresh"
+    extraction_pairs: str = "fresh"  # pairs for extraction and eigenvalues: fresh | train
     # Optimization: the paper's Adam 1e-3 with batch 1000; a cosine decay settles the functions late.
-    steps: int = 5_000
-    batch_size: int = 1000
-    lr: float = 1e-3
+    steps: int = 5_000  # optimizer steps
+    batch_size: int = 1000  # pairs per step
+    lr: float = 1e-3  # Adam's peak learning rate
     schedule: str = "cosine"  # constant (the paper) | cosine
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # linear warmup from 0
     # Adam's moment decays (torch's defaults). With the constant mode learned, its early large gradients
     # fill the shared layers' second moment; beta2 sets how long they keep shrinking the other modes' steps.
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
+    adam_beta1: float = 0.9  # Adam's first-moment decay
+    adam_beta2: float = 0.999  # Adam's second-moment decay
     final_lr_ratio: float = 0.0  # cosine ends at lr * final_lr_ratio
     # paper: cos(i pi a_j) per coordinate; products: prod_j cos(i_j pi a_j), the analogue of the monomials.
     # With the paper's features nothing beyond the constant is learned in 5e3 steps: use products, lr=3e-3.
-    fourier_features: str = "paper"
-    width: int = 128
-    depth: int = 4
+    fourier_features: str = "paper"  # fourier kernel: paper (per coordinate) | products
+    width: int = 128  # the MLP encoder's hidden width
+    depth: int = 4  # the MLP encoder's hidden layers
     # Data: 0 draws fresh pairs every step; N > 0 cycles over a fixed set of N pairs (the paper: 10^7).
-    train_samples: int = 0
+    train_samples: int = 0  # 0: fresh pairs every step; N: cycle over a fixed set of N pairs
     # Extraction and eigenvalues use moments of pairs: the final rr_tail fraction of training batches
     # (free; the paper's Rayleigh-Ritz uses all training samples) plus rr_samples fresh pairs.
-    rr_tail: float = 0.0
-    rr_samples: int = 1_000_000
+    rr_tail: float = 0.0  # the final fraction of training batches whose moments extraction also uses
+    rr_samples: int = 1_000_000  # fresh pairs for extraction and eigenvalues
     eval_samples: int = 1_000_000  # fresh a ~ uniform for EF-MSE
-    seed: int = 0
-    threads: int = 1
-    log_every: int = 1000
+    seed: int = 0  # weights, pairs and draws
+    threads: int = 1  # torch intra-op threads
+    log_every: int = 1000  # steps between progress lines
     out: str = ""  # JSON result file; empty = print only
 
     @property

@@ -96,3 +96,12 @@ def test_help_is_usage_not_a_file_named_help(monkeypatch, tmp_path):
     with pytest.raises(SystemExit, match="usage: python -m eigtrain.config_doc"):
         config_doc.main()
     assert not list(tmp_path.iterdir())
+
+
+def test_every_documented_key_has_a_doc_line(tmp_path, monkeypatch):
+    """Every key of every command (objective keys included) has its doc: the trailing comment of its field."""
+    rows = [line for line in regenerate(tmp_path, monkeypatch).splitlines() if line.startswith("| `")]
+    undocumented = [row.split("|")[1].strip() for row in rows if not row.rstrip("|").split("|")[-1].strip()]
+    assert len(rows) > 250 and not undocumented, undocumented
+    objective_rows = [row for row in rows if row.startswith("| `objective.")]
+    assert len(objective_rows) >= 30  # each objective's own table: its coefficients and the reduction keys

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from eigtrain.schema import NOT_RESULT_KEYS, TrainConfig, names_point, sweep_point
+from eigtrain.schema import TrainConfig
+from eigtrain.sweep_naming import NOT_RESULT_KEYS, names_point, sweep_point
 
 POINT = ["experiment=cpu_debug", "optim.lr=0.05", "seed=1"]
 # Keys that change nothing trained: where and how fast it runs, what it logs, when this invocation stops.

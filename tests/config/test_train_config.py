@@ -10,8 +10,9 @@ import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from eigtrain.engine import lr_at
-from eigtrain.schema import ConfigError, SGDConfig, validate
+from eigtrain.schema import ConfigError, SGDConfig
 from eigtrain.train import compose_config
+from eigtrain.train_checks import validate
 
 
 def cfg_with(*overrides):

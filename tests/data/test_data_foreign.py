@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from eigtrain.data import CorruptDataError, ShardError, ShardStream, StreamOptions, gpu_decode
+from eigtrain.data import CorruptDataError, ShardError, gpu_decode
 from eigtrain.data.gpu_decode import choose_jpeg_device
 from eigtrain.data.write import main as shards_cli
-from eigtrain.schema import ConfigError, validate
+from eigtrain.schema import ConfigError
+from eigtrain.train_checks import validate
 from tests.support.foreign_shards import (
     CLASSES,
     PATTERN,
@@ -31,6 +32,7 @@ from tests.support.foreign_shards import (
     write_shard,
 )
 from tests.support.runs import assert_same_final_weights, check, free_port, losses, torchrun
+from tests.support.streams import open_stream
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 
@@ -53,7 +55,7 @@ def stream(url, cache, **kw):
     args = dict(
         batch_size=12, num_workers=0, label_key="cls", image_size=16, image_fit="whole", cache_dir=cache, seed=1
     )
-    return ShardStream(shards=url, options=StreamOptions(**{**args, **kw}))
+    return open_stream(shards=url, **{**args, **kw})
 
 
 def take(s, n):
@@ -437,7 +439,7 @@ def test_pairs_mode_with_configured_member_names(tmp_path):
         np.save(buffer, np.full(3, i, np.float32))
         samples.append({"__key__": f"p-{i}", "input.jpg": jpeg(i, rng), "context.npy": buffer.getvalue(), "cls": i})
     write_shard(tmp_path / "p-0.tar", samples)
-    options = StreamOptions(
+    options = dict(
         mode="pairs",
         x_key="input.jpg",
         a_key="context.npy",
@@ -448,7 +450,7 @@ def test_pairs_mode_with_configured_member_names(tmp_path):
         shuffle_block=0,
         cache_dir=tmp_path / "c",
     )
-    s = ShardStream(shards=str(tmp_path / "p-0.tar"), options=options)
+    s = open_stream(shards=str(tmp_path / "p-0.tar"), **options)
     batch = take(s, 1)[0]
     assert batch["x"].shape == (6, 3, 8, 8) and batch["a"].dtype == torch.float32
     assert batch["a"][:, 0].tolist() == batch["label"].float().tolist()  # x, a and the label stay together

@@ -12,11 +12,12 @@ import time
 
 import pytest
 
-from eigtrain.data import ShardError, ShardStream, StreamOptions
+from eigtrain.data import ShardError
 from eigtrain.data.sample_counts import shard_counts
 from eigtrain.data.shards import count_samples, open_url
 from tests.support.fault_server import FaultServer
 from tests.support.foreign_shards import good_samples, write_shard
+from tests.support.streams import open_stream
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -41,7 +42,7 @@ def server(shards):
 
 def stream(url, cache, **kw):
     args = dict(batch_size=3, num_workers=0, label_key="cls", image_size=8, cache_dir=cache, shuffle_block=0)
-    return ShardStream(shards=url, options=StreamOptions(**{**args, **kw}))
+    return open_stream(shards=url, **{**args, **kw})
 
 
 def wids_index(path, urls, n=6):

@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from eigtrain.data import ShardError, ShardStream, StreamOptions
+from eigtrain.data import ShardError
 from tests.support.foreign_shards import CLASSES, PATTERN, PER_CLASS, train_overrides, write_class_ordered
+from tests.support.streams import open_stream
 
 boto3 = pytest.importorskip("boto3")
 s3fs = pytest.importorskip("s3fs")
@@ -43,7 +44,7 @@ def bucket(tmp_path_factory):
 
 
 def one_pass_keys(url, cache, rank=0, world_size=1):
-    options = StreamOptions(
+    options = dict(
         batch_size=12,
         num_workers=2,
         rank=rank,
@@ -54,7 +55,7 @@ def one_pass_keys(url, cache, rank=0, world_size=1):
         cache_dir=cache,
         one_pass=True,
     )
-    s = ShardStream(shards=url, options=options)
+    s = open_stream(shards=url, **options)
     return [k for batch in s for k in batch["key"]], s.num_samples
 
 

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from eigtrain.data import ShardStream, StreamOptions, write_shards
+from eigtrain.data import write_shards
 from eigtrain.data.sources import png_bytes
+from tests.support.streams import open_stream
 
 pytestmark = [
     pytest.mark.slow,  # DataLoader worker processes
@@ -44,11 +45,11 @@ def assert_same_batches(got, want):
 
 def resumed(root, k, n, **kw):
     """Run k batches, save the cursor (through torch.save as a checkpoint would), rebuild, load, take n."""
-    first = ShardStream(root, StreamOptions(**kw))
+    first = open_stream(root, **kw)
     take(first, k)
     buffer = io.BytesIO()
     torch.save(first.state_dict(), buffer)
-    second = ShardStream(root, StreamOptions(**kw))
+    second = open_stream(root, **kw)
     second.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
     return take(second, n)
 
@@ -56,7 +57,7 @@ def resumed(root, k, n, **kw):
 @pytest.mark.parametrize("resampled", [False, True])
 def test_cursor_round_trip_inside_and_across_epochs(root, resampled):
     kw = dict(batch_size=4, num_workers=2, seed=5, shuffle_block=7, resampled=resampled)
-    reference = ShardStream(root, StreamOptions(**kw))
+    reference = open_stream(root, **kw)
     per_epoch = reference.batches_per_epoch  # 2 workers x 13 batches
     want = take(reference, 2 * per_epoch + 3)
     for k in (1, 5, per_epoch - 1, per_epoch + 2):  # odd k: the next batch comes from worker 1
@@ -66,7 +67,7 @@ def test_cursor_round_trip_inside_and_across_epochs(root, resampled):
 def test_cursor_round_trip_on_two_ranks(root):
     for rank in (0, 1):
         kw = dict(batch_size=4, rank=rank, world_size=2, num_workers=2, seed=2)
-        reference = ShardStream(root, StreamOptions(**kw))
+        reference = open_stream(root, **kw)
         want = take(reference, reference.batches_per_epoch + 3)
         k = reference.batches_per_epoch - 2
         assert_same_batches(resumed(root, k, 5, **kw), want[k:])
@@ -74,14 +75,14 @@ def test_cursor_round_trip_on_two_ranks(root):
 
 def test_one_pass_cursor_round_trip(root):
     kw = dict(batch_size=4, rank=1, world_size=2, num_workers=2, one_pass=True)
-    want = list(ShardStream(root, StreamOptions(**kw)))
+    want = list(open_stream(root, **kw))
     assert_same_batches(resumed(root, 5, 100, **kw), want[5:])
 
 
 def test_layout_change_resumes_the_epoch_inexactly_with_a_warning(root, caplog):
-    old = ShardStream(root, StreamOptions(batch_size=4, num_workers=2, seed=1))
+    old = open_stream(root, batch_size=4, num_workers=2, seed=1)
     take(old, old.batches_per_epoch + 6)  # epoch 1, 6 batches x 4 samples in
-    new = ShardStream(root, StreamOptions(batch_size=4, num_workers=1, seed=1))
+    new = open_stream(root, batch_size=4, num_workers=1, seed=1)
     with caplog.at_level(logging.WARNING, logger="eigtrain.data.stream"):
         new.load_state_dict(old.state_dict())
     assert "not exact" in caplog.text
@@ -92,6 +93,6 @@ def test_layout_change_resumes_the_epoch_inexactly_with_a_warning(root, caplog):
 
 
 def test_state_from_another_stream_is_rejected(root):
-    state = ShardStream(root, StreamOptions(batch_size=4, num_workers=0, seed=1)).state_dict()
+    state = open_stream(root, batch_size=4, num_workers=0, seed=1).state_dict()
     with pytest.raises(ValueError, match="seed is 1 in the state and 2 here"):
-        ShardStream(root, StreamOptions(batch_size=4, num_workers=0, seed=2)).load_state_dict(state)
+        open_stream(root, batch_size=4, num_workers=0, seed=2).load_state_dict(state)

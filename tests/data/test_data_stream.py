@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from eigtrain.data import CorruptDataError, ShardStream, StreamOptions, read_index, write_shards
+from eigtrain.data import CorruptDataError, ShardStream, read_index, write_shards
 from eigtrain.data.sources import npz_source, png_bytes
+from eigtrain.schema import DataConfig
+from tests.support.streams import DATA_KEYS, open_stream
 
 META = dict(mode="views", channels=1, image_shape=[1, 4, 4], labels=True)
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
@@ -39,7 +41,7 @@ def epoch_keys(root, world, **kw):
     """Keys of the first epoch of every rank, and each rank's batch count."""
     keys, counts = [], []
     for rank in range(world):
-        stream = ShardStream(root, StreamOptions(rank=rank, world_size=world, **kw))
+        stream = open_stream(root, rank=rank, world_size=world, **kw)
         batches = [b for _, b in zip(range(stream.batches_per_epoch), stream)]
         counts.append((stream.batches_per_epoch, len(batches)))
         keys += [k for b in batches for k in b["key"]]
@@ -56,7 +58,7 @@ def test_two_ranks_two_workers_read_every_sample_exactly_once_per_epoch(tmp_path
     assert counts == [(8, 8), (8, 8)]
     assert sorted(keys) == [f"toy-{i:05d}" for i in range(96)]
 
-    stream = ShardStream(root, StreamOptions(batch_size=6, rank=0, world_size=2, num_workers=2, seed=1))
+    stream = open_stream(root, batch_size=6, rank=0, world_size=2, num_workers=2, seed=1)
     two_epochs = [b["key"] for _, b in zip(range(16), stream)]
     assert sorted(sum(two_epochs[8:], [])) != sorted(sum(two_epochs[:8], []))  # epoch 2 is reshuffled
     assert stream.epoch == 2
@@ -75,7 +77,7 @@ def test_one_pass_reads_every_sample_once_with_short_last_batches(tmp_path):
     root = write_toy(tmp_path, n=101, shard_size=12)
     keys, per_rank = [], []
     for rank in range(2):
-        stream = ShardStream(root, StreamOptions(batch_size=8, rank=rank, world_size=2, num_workers=2, one_pass=True))
+        stream = open_stream(root, batch_size=8, rank=rank, world_size=2, num_workers=2, one_pass=True)
         batches = list(stream)  # finite
         assert len(batches) == stream.batches_per_epoch
         per_rank.append([len(b["key"]) for b in batches])
@@ -90,40 +92,41 @@ def test_fewer_shards_than_reader_slots_share_shards_and_resampled_is_reproducib
     assert counts == [(2, 2)] * 4 and len(keys) == len(set(keys)) == 32
     runs = []
     for _ in range(2):
-        options = StreamOptions(batch_size=4, rank=1, world_size=2, num_workers=0, resampled=True, seed=3)
-        stream = ShardStream(root, options)
+        options = dict(batch_size=4, rank=1, world_size=2, num_workers=0, resampled=True, seed=3)
+        stream = open_stream(root, **options)
         runs.append([b["key"] for _, b in zip(range(2 * stream.batches_per_epoch), stream)])
     assert runs[0] == runs[1] and all(len(keys) == 4 for keys in runs[0])
 
 
 def test_failures_before_training_starts(tmp_path):
     with pytest.raises(FileNotFoundError, match="no shard index"):
-        ShardStream(tmp_path)
+        open_stream(tmp_path)
     root = write_toy(tmp_path / "d", n=20, shard_size=5)
     with pytest.raises(ValueError, match="split 'val' is not in .*available: \\['train'\\]"):
-        ShardStream(root, StreamOptions(split="val"))
+        open_stream(root, split="val")
     with pytest.raises(ValueError, match="views data but the stream was asked for mode='pairs'"):
-        ShardStream(root, StreamOptions(mode="pairs", num_workers=0))
+        open_stream(root, mode="pairs", num_workers=0)
     with pytest.raises(ValueError, match="fewer than one batch per worker"):
-        ShardStream(root, StreamOptions(batch_size=8, world_size=2, num_workers=2))
+        open_stream(root, batch_size=8, world_size=2, num_workers=2)
     (root / "train-000002.tar").unlink()
     with pytest.raises(FileNotFoundError, match="train-000002.tar .* does not exist"):
-        ShardStream(root, StreamOptions(num_workers=0))
+        open_stream(root, num_workers=0)
     empty = tmp_path / "empty"
     write_shards(empty, {"train": []}, meta=META)
     with pytest.raises(ValueError, match="split 'train' .* has no samples"):
-        ShardStream(empty)
+        open_stream(empty)
 
 
-def test_the_stream_takes_its_source_and_one_typed_options_object(tmp_path):
-    """Every setting is a StreamOptions field with its default written once; a bad value fails when the options
-    are made, with one line naming it, before any shard is opened."""
-    assert list(inspect.signature(ShardStream.__init__).parameters) == ["self", "root", "options", "shards"]
+def test_the_stream_takes_the_schemas_data_config_and_the_jobs_own_arguments(tmp_path):
+    """The stream's settings are the schema's DataConfig (each default written once, there) plus the job's batch
+    size, ranks and seed; a bad value fails when the stream is made, one line naming it, before any shard is read."""
+    parameters = list(inspect.signature(ShardStream.__init__).parameters)
+    assert parameters[:3] == ["self", "data", "batch_size"] and not set(parameters) & DATA_KEYS - {"data"}
     root = write_toy(tmp_path, n=20, shard_size=5)
-    options = StreamOptions(batch_size=4, num_workers=0, image_size=4)
-    stream = ShardStream(root, options)
-    assert stream.options is options and options.image_size == (4, 4) and stream.batch_size == 4
-    assert StreamOptions().batch_size == 64 and ShardStream(root, StreamOptions(batch_size=4)).num_workers == 2
+    data = DataConfig(root=str(root), num_workers=0, image_size=[4, 4])
+    stream = ShardStream(data, batch_size=4, seed=0)
+    assert stream.image_size == (4, 4) and stream.batch_size == 4 and stream.num_workers == DataConfig.num_workers - 1
+    assert ShardStream(DataConfig(root=str(root)), batch_size=4, seed=0).num_workers == DataConfig.num_workers
     for bad, match in [
         (dict(batch_size=0), "batch_size must be >= 1"),
         (dict(rank=2, world_size=2), "rank < world"),
@@ -134,22 +137,22 @@ def test_the_stream_takes_its_source_and_one_typed_options_object(tmp_path):
         (dict(mode="pairs", jpeg_device="cpu"), "jpeg_device"),
     ]:
         with pytest.raises(ValueError, match=re.escape(match)):
-            StreamOptions(**bad)
+            open_stream(tmp_path / "nothing-read-before-the-check", **bad)
+    with pytest.raises(ValueError, match="give data.root"):
+        ShardStream(DataConfig(), batch_size=4, seed=0)
     with pytest.raises(TypeError):
-        StreamOptions(batch_sise=4)  # a misspelt setting is an error, not a silently ignored keyword
-    with pytest.raises(ValueError, match="exactly one of root"):
-        ShardStream(root, options, shards="x.tar")
+        ShardStream(data, batch_sise=4, seed=0)  # a misspelt setting is an error, not a silently ignored keyword
 
 
 def test_image_size_resizes_and_crops_in_the_workers(tmp_path):
     shapes = [(6, 10), (12, 8), (5, 5)]
     samples = [{"__key__": f"k{i}", "png": png_bytes(np.full(s, 100, np.uint8))} for i, s in enumerate(shapes * 4)]
     write_shards(tmp_path, {"train": samples}, shard_size=12, meta=dict(mode="views", channels=3, labels=False))
-    batch = next(iter(ShardStream(tmp_path, StreamOptions(batch_size=6, num_workers=0, image_size=4))))
+    batch = next(iter(open_stream(tmp_path, batch_size=6, num_workers=0, image_size=4)))
     assert batch["image"].shape == (6, 3, 4, 4) and batch["image"].dtype == torch.uint8
     assert (batch["image"] == 100).all() and (batch["label"] == -1).all()
     with pytest.raises(ValueError, match="set image_size"):
-        next(iter(ShardStream(tmp_path, StreamOptions(batch_size=6, num_workers=0))))
+        next(iter(open_stream(tmp_path, batch_size=6, num_workers=0)))
 
 
 @pytest.mark.parametrize("a_kind", ["vector", "image"])
@@ -160,7 +163,7 @@ def test_pairs_mode_batches_from_npz_shards(tmp_path, a_kind):
     np.savez(tmp_path / "pairs.npz", x=x, a=a)
     source = npz_source(tmp_path / "pairs.npz", val_fraction=0)
     write_shards(tmp_path / "shards", source.splits, shard_size=6, meta=source.meta)
-    batch = next(iter(ShardStream(tmp_path / "shards", StreamOptions(batch_size=4, num_workers=0, mode="pairs"))))
+    batch = next(iter(open_stream(tmp_path / "shards", batch_size=4, num_workers=0, mode="pairs")))
     assert batch["x"].shape == (4, 3, 8, 8) and batch["x"].dtype == torch.uint8
     index = [int(k[4:]) for k in batch["key"]]
     assert batch["x"][:, 0, 0, 0].tolist() == index and (batch["label"] == -1).all()
@@ -177,14 +180,14 @@ def test_pairs_mode_batches_from_npz_shards(tmp_path, a_kind):
 def test_corrupt_image_is_skipped_with_a_warning_then_an_error_past_the_limit(tmp_path, caplog):
     root = write_toy(tmp_path, n=24, shard_size=6, corrupt={7})
     shard_of_7 = next(str(root / name) for name, _ in read_index(root).shards("train") if name.endswith("1.tar"))
-    stream = ShardStream(root, StreamOptions(batch_size=4, num_workers=0, max_corrupt=1, shuffle_block=0))
+    stream = open_stream(root, batch_size=4, num_workers=0, max_corrupt=1, shuffle_block=0)
     with caplog.at_level(logging.WARNING, logger="eigtrain.data.stream"):
         batches = [b for _, b in zip(range(stream.batches_per_epoch), stream)]
     sizes = sorted(len(b["key"]) for b in batches)
     assert sizes == [3, 4, 4, 4, 4, 4] and stream.corrupt_count == 1  # the batch stays, one sample short
     assert "toy-00007" not in sum((b["key"] for b in batches), [])
     assert f"shard {shard_of_7}, key toy-00007" in caplog.text
-    strict = ShardStream(root, StreamOptions(batch_size=4, num_workers=0, max_corrupt=0, shuffle_block=0))
+    strict = open_stream(root, batch_size=4, num_workers=0, max_corrupt=0, shuffle_block=0)
     with pytest.raises(CorruptDataError, match=f"max_corrupt=0; the last: shard {shard_of_7}, key toy-00007"):
         list(zip(range(6), strict))
 
@@ -195,12 +198,12 @@ def test_truncated_tar_counts_the_missing_samples_and_names_the_shard(tmp_path, 
     root = write_toy(tmp_path, n=48, shard_size=12)
     victim = root / "train-000002.tar"
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2 + cut])
-    stream = ShardStream(root, StreamOptions(batch_size=6, num_workers=2, max_corrupt=12))
+    stream = open_stream(root, batch_size=6, num_workers=2, max_corrupt=12)
     seen = collections.Counter(k for _, b in zip(range(stream.batches_per_epoch), stream) for k in b["key"])
     lost = 48 - len(seen)
     assert 0 < lost <= 12 and stream.corrupt_count == lost and max(seen.values()) == 1
     assert stream.batches_per_epoch == 8  # batch count and boundaries are unchanged: short batches, no shift
-    strict = ShardStream(root, StreamOptions(batch_size=6, num_workers=2, max_corrupt=2))
+    strict = open_stream(root, batch_size=6, num_workers=2, max_corrupt=2)
     with pytest.raises(CorruptDataError, match="more than max_corrupt=2; the last: shard .*train-000002.tar, key "):
         list(zip(range(strict.batches_per_epoch), strict))
 
@@ -209,6 +212,6 @@ def test_sample_missing_a_field_is_unusable(tmp_path):
     samples = list(toy_samples(8))
     del samples[3]["cls"]
     write_shards(tmp_path, {"train": samples}, shard_size=8, meta=META)
-    stream = ShardStream(tmp_path, StreamOptions(batch_size=8, num_workers=0, max_corrupt=0, shuffle_block=0))
+    stream = open_stream(tmp_path, batch_size=8, num_workers=0, max_corrupt=0, shuffle_block=0)
     with pytest.raises(CorruptDataError, match="key toy-00003: KeyError: .no label member cls"):
         next(iter(stream))

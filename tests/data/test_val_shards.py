@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from eigtrain.evaluate import main as eval_main
 from eigtrain.rr_job import main as rr_main
-from eigtrain.schema import ConfigError, validate
+from eigtrain.schema import ConfigError
+from eigtrain.train_checks import validate
 from tests.support.foreign_shards import N_TRAIN, N_VAL, TRAIN_PER_CLASS, VAL_PER_CLASS, train_overrides, write_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")

@@ -219,8 +219,8 @@ def test_device_wheels_never_empties_a_folder_it_did_not_write(tmp_path):
 
 
 def test_every_gpu_training_step_names_only_known_config_keys_and_values():
-    from eigtrain.schema import validate
     from eigtrain.train import compose_config
+    from eigtrain.train_checks import validate
 
     steps = gpu_check.cuda_steps("python", Path("runs"), Path("logs"))
     trained = [s for s in steps if "eigtrain.train" in s.argv]

@@ -43,9 +43,10 @@ def test_launcher_config_defaults_and_errors():
     assert world_size({"folder": "f", "tasks_per_node": None}) == 1  # CPU: one task per node
     for cfg, message in [
         ({}, "launcher.folder must be set"),
-        ({"folder": "f", "gpus": 8}, r"unknown launcher key\(s\) \['gpus'\]"),
+        ({"folder": "f", "gpus": 8}, r"unknown key 'gpus'; allowed: name, job_name, folder"),
         ({"folder": "f", "gpus_per_node": 8, "tasks_per_node": 9}, "tasks_per_node=9 exceeds launcher.gpus_per_node=8"),
-        ({"folder": "f", "time": "04:00:00"}, "launcher.time must be an integer >= 1, got '04:00:00'"),
+        ({"folder": "f", "time": "04:00:00"}, "bad value for time: Value '04:00:00'"),
+        ({"folder": "f", "time": 0}, "launcher.time must be an integer >= 1, got 0"),
         ({"folder": "f", "name": "local"}, "launcher.name='local' given to the Slurm launcher"),
     ]:
         with pytest.raises(ValueError, match=message):

@@ -139,8 +139,8 @@ def test_the_reduction_is_a_typed_objective_key_with_its_default_and_checked():
 
 def test_every_objective_config_takes_the_reduction_keys_without_a_plus():
     from eigtrain.objectives import OBJECTIVES, Objective
-    from eigtrain.schema import validate
     from eigtrain.train import compose_config
+    from eigtrain.train_checks import validate
 
     for name in OBJECTIVES:  # every option file holds the keys, with the class defaults (its schema's)
         composed = compose_config([f"objective={name}"]).objective

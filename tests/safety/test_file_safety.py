@@ -16,6 +16,7 @@ from eigtrain.eval_report import write_report
 from eigtrain.export import EXPORT_FORMAT
 from eigtrain.output_dirs import RUN_MARK, claim_run_dir
 from eigtrain.rr_job import main as rr_main
+from eigtrain.schema import TrainConfig
 
 
 def tree(root):
@@ -103,7 +104,7 @@ def test_pruning_deletes_only_step_directories_eigtrain_wrote(tmp_path):
     (root / "step-1").mkdir(parents=True)  # the user's, named like a checkpoint, without eigtrain's files
     (root / "step-1" / "keep.txt").write_text("mine")
     (root / "notes").mkdir()
-    saver = ckpt.Checkpointer(root, FileEngine(), keep_last=1)
+    saver = ckpt.Checkpointer(root, FileEngine(), TrainConfig(keep_last=1))
     for step in (2, 3, 4):
         saver.save(step, {"step": step}, {"data": {}})
     assert sorted(p.name for p in root.iterdir()) == ["notes", "step-1", "step-4"]
@@ -117,7 +118,7 @@ def test_pruning_deletes_only_step_directories_eigtrain_wrote(tmp_path):
 
 def test_a_stale_partial_save_of_eigtrain_is_still_cleaned_up(tmp_path):
     root = tmp_path / "checkpoints"
-    saver = ckpt.Checkpointer(root, FileEngine(), keep_last=2)
+    saver = ckpt.Checkpointer(root, FileEngine(), TrainConfig(keep_last=2))
     saver.save(2, {"step": 2}, {"data": {}})
     (root / "step-2" / ckpt.MARKER).unlink()  # as if killed before its marker
     assert ckpt.remove_incomplete(root) == [root / "step-2"] and not (root / "step-2").exists()

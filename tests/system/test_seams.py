@@ -448,7 +448,7 @@ def test_rr_folds_hold_the_same_samples_on_one_and_two_ranks(runs, data, source)
 
 
 def test_a_sweep_point_is_named_alike_however_its_shards_are_quoted():
-    from eigtrain.schema import sweep_point
+    from eigtrain.sweep_naming import sweep_point
 
     plain, quoted = "data.shards=/d/train-0.tar", "data.shards='/d/train-0.tar'"
     double = 'data.shards="/d/train-0.tar"'

@@ -15,6 +15,7 @@ from eigtrain import random_state
 from eigtrain.checkpoint_read import WeightsOnlyLoadPlanner
 from eigtrain.engine.ddp import DDPEngine
 from eigtrain.models import build_encoder
+from eigtrain.schema import TrainConfig
 
 OPTIM = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "grad_clip": 3.0}
 
@@ -87,12 +88,12 @@ def _train(engine, steps, seed=0):
 def test_engine_checkpoint_round_trip_is_exact(tmp_path):
     a = _engine()
     _train(a, 2)
-    saver = ckpt.Checkpointer(tmp_path, a, keep_last=2)
+    saver = ckpt.Checkpointer(tmp_path, a, TrainConfig(keep_last=2))
     path = saver.save(2, {"step": 2, "samples": 16}, {"data": {"batches": 2}})
     assert ckpt.is_complete(path) and ckpt.latest_checkpoint(tmp_path) == path
 
     b = _engine(seed=1)  # different initial weights, no optimizer state yet
-    trainer_state, rank_state = ckpt.Checkpointer(tmp_path, b).load(path)
+    trainer_state, rank_state = ckpt.Checkpointer(tmp_path, b, TrainConfig()).load(path)
     assert trainer_state == {"step": 2, "samples": 16} and rank_state == {"data": {"batches": 2}}
     for (k, va), vb in zip(a.model.state_dict().items(), b.model.state_dict().values()):
         assert torch.equal(va, vb), k
@@ -106,9 +107,11 @@ def test_engine_checkpoint_round_trip_is_exact(tmp_path):
 
 def test_resume_with_another_world_size_keeps_the_data_cursor_only(tmp_path, caplog):
     engine = _engine()
-    path = ckpt.Checkpointer(tmp_path, engine).save(1, {"step": 1}, {"data": {"batches": 3}, "rng": {"torch": 0}})
+    path = ckpt.Checkpointer(tmp_path, engine, TrainConfig()).save(
+        1, {"step": 1}, {"data": {"batches": 3}, "rng": {"torch": 0}}
+    )
     ckpt.mark_complete(path, {"step": 1, "world_size": 2})  # as if two ranks had written it
-    trainer_state, rank_state = ckpt.Checkpointer(tmp_path, engine).load(path)
+    trainer_state, rank_state = ckpt.Checkpointer(tmp_path, engine, TrainConfig()).load(path)
     assert trainer_state == {"step": 1} and rank_state == {"data": {"batches": 3}}  # no per-rank RNG
     assert "written by 2 ranks, this run has 1: resuming, but not exactly" in caplog.text
 

@@ -17,12 +17,13 @@ from eigtrain.checkpoint_read import CheckpointReadError
 from eigtrain.checkpoint_verify import CHECKSUMS, check_step, newest_verified
 from eigtrain.lineage import LINEAGE_FILE, check_resume
 from eigtrain.run_lock import RunDirInUse, RunLock, pinned
+from eigtrain.schema import TrainConfig
 from tests.train.test_checkpoint import _engine, _train
 
 
 def saved(tmp_path, steps=(1, 2), keep_last=3):
     engine = _engine()
-    saver = ckpt.Checkpointer(tmp_path, engine, keep_last=keep_last)
+    saver = ckpt.Checkpointer(tmp_path, engine, TrainConfig(keep_last=keep_last))
     for s in steps:
         _train(engine, 1, seed=s)
         saver.save(s, {"step": s}, {"data": {"batches": s}})
@@ -51,7 +52,7 @@ def test_a_damaged_newest_step_is_skipped_and_resume_takes_the_one_before(tmp_pa
     else:
         file.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"")
     b = _engine(seed=3)
-    path, trainer_state, rank_state = ckpt.Checkpointer(tmp_path, b).resume()
+    path, trainer_state, rank_state = ckpt.Checkpointer(tmp_path, b, TrainConfig()).resume()
     assert path == tmp_path / "step-1" and trainer_state == {"step": 1} and rank_state == {"data": {"batches": 1}}
     assert f"skipping checkpoint {tmp_path / 'step-2'}: " in caplog.text and name in caplog.text
     with pytest.raises(ValueError, match=f"fails verification: .*{name}"):
@@ -66,7 +67,7 @@ def test_corrupt_files_of_an_unverified_step_give_one_cannot_read_line(tmp_path,
     (step / ckpt.MARKER).write_text(json.dumps({"step": 1, "world_size": 1}))
     (step / name).write_bytes((step / name).read_bytes()[:7])
     with pytest.raises(CheckpointReadError, match=r"^cannot read .*step-1") as error:
-        ckpt.Checkpointer(tmp_path, _engine()).resume()
+        ckpt.Checkpointer(tmp_path, _engine(), TrainConfig()).resume()
     assert "\n" not in str(error.value)
 
 
@@ -194,7 +195,7 @@ def test_a_save_after_falling_back_is_never_pruned_for_the_step_that_failed(tmp_
     step of this lineage: pruning keeps the step just written, not it."""
     engine, saver = saved(tmp_path, steps=(2, 4), keep_last=2)
     (tmp_path / "step-4" / "trainer.json").write_text("{}")  # fails its checksum
-    path, _, _ = ckpt.Checkpointer(tmp_path, engine, keep_last=1).resume()
+    path, _, _ = ckpt.Checkpointer(tmp_path, engine, TrainConfig(keep_last=1)).resume()
     assert path == tmp_path / "step-2"
-    ckpt.Checkpointer(tmp_path, engine, keep_last=1).save(3, {"step": 3}, {"data": {"batches": 3}})
+    ckpt.Checkpointer(tmp_path, engine, TrainConfig(keep_last=1)).save(3, {"step": 3}, {"data": {"batches": 3}})
     assert (tmp_path / "step-3").is_dir() and newest_verified(tmp_path) == tmp_path / "step-3"

@@ -9,6 +9,7 @@ import torch
 import torch.multiprocessing as mp
 
 from eigtrain import checkpoint as ckpt
+from eigtrain.schema import TrainConfig
 
 OPTIM = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0}
 
@@ -45,7 +46,7 @@ def _train_and_save(engine, root: Path, monkeypatch) -> tuple[Path, list[tuple[s
     loss_fn = lambda module, x: (module(x).square().mean(), {})  # noqa: E731
     engine.train_step([torch.randn(8, 1, 8, 8, generator=gen)], loss_fn, lr=0.05)  # optimizer state to save
     events = _record(monkeypatch)
-    path = ckpt.Checkpointer(root, engine).save(1, {"step": 1}, {"data": {"batches": 1}})
+    path = ckpt.Checkpointer(root, engine, TrainConfig()).save(1, {"step": 1}, {"data": {"batches": 1}})
     return path.resolve(), events
 
 

@@ -18,11 +18,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from eigtrain import dist as edist
 from eigtrain.data import augment_draws, augment_ops, gpu_decode
 from eigtrain.data.augment_recipes import PRESETS, ViewRecipe
-from eigtrain.data.stream import ShardStream, StreamOptions
 from eigtrain.data.write import main as write_shards_cli
 from eigtrain.engine.base import enable_cuda_fast_paths, guarded_step
 from eigtrain.objectives.moments import full_fp32_matmul
 from tests.support.runs import REPO, clean_env, overrides, run_cli
+from tests.support.streams import open_stream
 
 # ---------------------------------------------------------------------------------------------- nvJPEG probe
 
@@ -68,7 +68,7 @@ def test_png_batches_are_one_copy_to_the_device(png_root, monkeypatch):
     """With batched JPEG decoding on, PNG images come from the workers stacked: one copy per batch, not one per
     image (each a wait for the GPU queue), and the same batches as decoding in the workers."""
     common = dict(batch_size=8, num_workers=0, image_size=(12, 10), image_fit="whole", shuffle_block=0)
-    reference = [b for _, b in zip(range(3), ShardStream(png_root, StreamOptions(**common)))]
+    reference = [b for _, b in zip(range(3), open_stream(png_root, **common))]
     copies = []
     to = torch.Tensor.to
 
@@ -77,7 +77,7 @@ def test_png_batches_are_one_copy_to_the_device(png_root, monkeypatch):
         return to(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "to", counting)
-    batches = [b for _, b in zip(range(3), ShardStream(png_root, StreamOptions(jpeg_device="cpu", **common)))]
+    batches = [b for _, b in zip(range(3), open_stream(png_root, jpeg_device="cpu", **common))]
     assert copies == [True] * 3  # one non-blocking copy per batch
     for ref, got in zip(reference, batches):
         assert ref["key"] == got["key"] and torch.equal(ref["label"], got["label"])

@@ -16,6 +16,7 @@ from eigtrain import dist, train
 from eigtrain.checkpoint import Checkpointer
 from eigtrain.metrics_log import Reporter, Throughput
 from eigtrain.monitor import MonitorSchedule
+from eigtrain.schema import TrainConfig
 from eigtrain.train_state import NonFiniteError, TrainState
 
 
@@ -24,16 +25,18 @@ def saves(checkpoints: Checkpointer, last_step: int, skipped=()) -> list[int]:
 
 
 def test_checkpointer_saves_every_checkpoint_every_steps_and_at_the_last_step(tmp_path):
-    assert saves(Checkpointer(tmp_path, None, every=3), 7) == [3, 6, 7]
-    assert saves(Checkpointer(tmp_path, None, every=2), 6) == [2, 4, 6]
-    assert saves(Checkpointer(tmp_path, None), 5) == [5], "every=0: only the last step"
+    assert saves(Checkpointer(tmp_path, None, TrainConfig(checkpoint_every=3)), 7) == [3, 6, 7]
+    assert saves(Checkpointer(tmp_path, None, TrainConfig(checkpoint_every=2)), 6) == [2, 4, 6]
+    assert saves(Checkpointer(tmp_path, None, TrainConfig()), 5) == [5], (
+        "checkpoint_every past the last step: only the last step"
+    )
 
 
 def test_a_periodic_save_waits_for_an_applied_update_but_the_last_one_never_waits(tmp_path):
     # Updates skipped at steps 3 and 4: the save due at step 3 happens at step 5, the next one on time at 6;
     # the last step (8) saves even though its update was skipped.
-    assert saves(Checkpointer(tmp_path, None, every=3), 8, skipped={3, 4, 8}) == [5, 6, 8]
-    checkpoints = Checkpointer(tmp_path, None, every=2)
+    assert saves(Checkpointer(tmp_path, None, TrainConfig(checkpoint_every=3)), 8, skipped={3, 4, 8}) == [5, 6, 8]
+    checkpoints = Checkpointer(tmp_path, None, TrainConfig(checkpoint_every=2))
     assert checkpoints.due(2, 10) and not checkpoints.should_save(2, 10, applied=torch.tensor(False))
     assert checkpoints.due(3, 10), "a deferred save keeps the next step due (the host reads the counters there)"
     assert checkpoints.should_save(3, 10, applied=torch.tensor(True)) and not checkpoints.due(5, 10)
@@ -51,7 +54,7 @@ def stop_handler(monkeypatch):
 
 
 def test_a_stop_signal_saves_at_the_next_step_boundary(tmp_path, stop_handler):
-    checkpoints = Checkpointer(tmp_path, None, every=100)
+    checkpoints = Checkpointer(tmp_path, None, TrainConfig(checkpoint_every=100))
     assert not checkpoints.should_save(1, 10) and not checkpoints.stop_requested
     stop_handler()
     assert checkpoints.should_save(2, 10, applied=False), "a stop saves even after a skipped update"
@@ -61,7 +64,7 @@ def test_a_stop_signal_saves_at_the_next_step_boundary(tmp_path, stop_handler):
 def test_in_a_process_group_the_ranks_agree_on_a_signal_every_signal_check_every_steps(tmp_path, stop_handler):
     torch_dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
     try:
-        checkpoints = Checkpointer(tmp_path, None, every=100, signal_check_every=4)
+        checkpoints = Checkpointer(tmp_path, None, TrainConfig(checkpoint_every=100, signal_check_every=4))
         stop_handler()
         assert [s for s in range(1, 5) if checkpoints.should_save(s, 10)] == [4], "the signal came before step 1"
         assert checkpoints.stop_requested

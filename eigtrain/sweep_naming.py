@@ -1,9 +1,12 @@
-"""Sweep point names: a multirun point's directory is named by its own result-changing overrides."""
+"""Sweep point names: a multirun point's directory is named by its own result-changing overrides; and the
+resolvers configs/*.yaml use (`register_resolvers`, called by whatever composes the training config)."""
 
 from __future__ import annotations
 
 import hashlib
 import re
+
+from omegaconf import OmegaConf
 
 from eigtrain.redact import redact_url
 
@@ -77,3 +80,10 @@ _QUOTED = re.compile(r"""(['"])(.*?)\1""")  # a quoted string of a Hydra overrid
 
 def _digest(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def register_resolvers() -> None:
+    """The resolvers of configs/train.yaml (a sweep point's directory) and configs/launcher/slurm.yaml."""
+    OmegaConf.register_new_resolver("eigtrain.sweep_point", sweep_point, replace=True)
+    # launcher=slurm: one CPU per DataLoader worker plus the training process
+    OmegaConf.register_new_resolver("eigtrain.cpus_for_workers", lambda workers: int(workers) + 1, replace=True)

@@ -1,32 +1,26 @@
 """Choices and combinations of the composed training config, checked before any expensive work.
 
 Every failure is one ``ConfigError`` naming the key and the allowed values. Unknown keys and bad types are
-`check`'s job (eigtrain.schema.check); this adds the choices, each list taken from the registry that uses it,
-and the combinations a type cannot express. Imported lazily by eigtrain.schema (it needs torch and the builders,
-which import the schema).
+`check`'s job (eigtrain.schema.check); this adds the choices (the schema's Literal aliases, each equal to the
+registry that uses it: tests/config/test_schema_leaf.py) and the combinations a type cannot express. It sits beside
+the entry point that composes the groups (eigtrain.train), above the schema, which imports nothing of eigtrain's.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, get_args
 
 import torch
 from omegaconf import DictConfig
 
-from eigtrain.data.augment import PRESETS
 from eigtrain.data.from_config import check_data, check_splits
 from eigtrain.data.index import INDEX_NAME, read_index
-from eigtrain.data.stream_options import MODES as DATA_MODES
-from eigtrain.engine import ENGINES, PRECISIONS, SCHEDULES
-from eigtrain.engine.deepspeed_zero import ZERO_STAGES
-from eigtrain.metrics_log import WANDB_MODES
-from eigtrain.models import BACKBONES
 from eigtrain.models.backbones import check_timm_backbone
 from eigtrain.models.pretrained import check_pretrained
 from eigtrain.objectives import OBJECTIVES
-from eigtrain.objectives.nesting import MODES as NESTING_MODES
-from eigtrain.schema.check import ConfigError, check
+from eigtrain.schema import ConfigError, TrainConfig, train_config
+from eigtrain.schema import groups as g
 
 
 def _choice(key: str, value: Any, allowed: Iterable[Any]) -> None:
@@ -40,32 +34,34 @@ def _positive_int(key: str, value: Any) -> None:
         raise ConfigError(f"{key} must be a positive integer, got {value!r}")
 
 
-def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
-    """Check ``cfg`` for a job of ``world_size`` ranks; return (micro_batch_size, grad_accum_steps)."""
-    check(cfg)  # unknown keys, bad types, and objective/optim/launcher names (their registries)
-    _choice("nesting.mode", cfg.nesting.mode, NESTING_MODES)
+def validate(cfg: DictConfig | TrainConfig, world_size: int) -> tuple[int, int]:
+    """Check ``cfg`` for a job of ``world_size`` ranks; return (micro_batch_size, grad_accum_steps). ``cfg``: the
+    job's TrainConfig (`train_config`, which also checks keys and types), or the composed config, converted here."""
+    if isinstance(cfg, DictConfig):
+        cfg = train_config(cfg)  # unknown keys, bad types, and objective/optim/launcher names
+    _choice("nesting.mode", cfg.nesting.mode, get_args(g.NestingMode))
     if not str(cfg.model.backbone).startswith("timm:"):  # timm:NAME: any timm model (eigtrain.models.backbones)
-        _choice("model.backbone", cfg.model.backbone, BACKBONES)
+        _choice("model.backbone", cfg.model.backbone, get_args(g.Backbone))
     else:
         try:
             check_timm_backbone(cfg.model.backbone)
         except ValueError as error:
             raise ConfigError(str(error)) from None
     check_pretrained(cfg.model)  # the weights are on this machine: else one line, before any work
-    _choice("data.mode", cfg.data.mode, DATA_MODES)
-    _choice("data.augment", cfg.data.augment, PRESETS)
-    _choice("engine.name", cfg.engine.name, ENGINES)
-    _choice("engine.precision", cfg.engine.precision, PRECISIONS)
-    _choice("optim.schedule", cfg.optim.schedule, SCHEDULES)
-    _choice("logging.wandb.mode", cfg.logging.wandb.mode, WANDB_MODES)
-    _choice("device", cfg.device, ("auto", "cpu", "cuda"))
+    _choice("data.mode", cfg.data.mode, get_args(g.DataMode))
+    _choice("data.augment", cfg.data.augment, get_args(g.AugmentPreset))
+    _choice("engine.name", cfg.engine.name, get_args(g.Engine))
+    _choice("engine.precision", cfg.engine.precision, get_args(g.Precision))
+    _choice("optim.schedule", cfg.optim.schedule, get_args(g.Schedule))
+    _choice("logging.wandb.mode", cfg.logging.wandb.mode, get_args(g.WandbMode))
+    _choice("device", cfg.device, get_args(g.Device))
     if cfg.engine.name == "deepspeed":
-        _choice("engine.zero_stage", cfg.engine.zero_stage, ZERO_STAGES)
+        _choice("engine.zero_stage", cfg.engine.zero_stage, get_args(g.ZeroStage))
     for key in ("steps", "batch_size", "dim", "checkpoint_every", "log_every", "keep_last", "signal_check_every"):
-        _positive_int(key, cfg[key])
+        _positive_int(key, getattr(cfg, key))
     for key in ("stop_after", "micro_batch_size", "cpu_threads"):
-        if cfg[key] is not None:
-            _positive_int(key, cfg[key])
+        if getattr(cfg, key) is not None:
+            _positive_int(key, getattr(cfg, key))
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda but no GPU is visible; use device=auto or device=cpu")
 
@@ -83,7 +79,7 @@ def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
             f"data.mode=pairs; for two views of one image use objective=scl"
         )
 
-    micro = cfg.micro_batch_size if cfg.micro_batch_size is not None else cfg.batch_size // world_size
+    micro, accum = batch_split(cfg, world_size)
     _positive_int("micro_batch_size", micro)
     if cfg.batch_size % (world_size * micro):
         raise ConfigError(
@@ -101,18 +97,25 @@ def validate(cfg: DictConfig, world_size: int) -> tuple[int, int]:
             _check_monitor_splits_in_index(cfg)
     except ValueError as exn:
         raise ConfigError(str(exn)) from None
-    return micro, cfg.batch_size // (world_size * micro)
+    return micro, accum
 
 
-def _check_monitor_splits_in_index(cfg: DictConfig) -> None:
+def batch_split(cfg: TrainConfig | DictConfig, world_size: int) -> tuple[int, int]:
+    """(micro_batch_size, grad_accum_steps) of a job of `world_size` ranks (`validate` checks they divide)."""
+    micro = cfg.micro_batch_size if cfg.micro_batch_size is not None else cfg.batch_size // world_size
+    return micro, cfg.batch_size // (world_size * micro) if micro > 0 else 0
+
+
+def _check_monitor_splits_in_index(cfg: TrainConfig) -> None:
     """data.root's index, when it is already written, holds the monitor's splits: a missing one stopped the run
     at the monitor's set-up, after the run directory was claimed, with a message that did not name the key."""
-    if cfg.data.shards or not (Path(cfg.data.root) / INDEX_NAME).is_file():
+    root = cfg.data.root
+    if cfg.data.shards or root is None or not (Path(root) / INDEX_NAME).is_file():
         return
-    available = read_index(cfg.data.root).splits
+    available = read_index(root).splits
     for key in ("train_split", "val_split"):
-        if cfg.monitor[key] not in available:
+        if getattr(cfg.monitor, key) not in available:
             raise ConfigError(
-                f"monitor.{key}={cfg.monitor[key]} is not a split of data.root={cfg.data.root}; "
+                f"monitor.{key}={getattr(cfg.monitor, key)} is not a split of data.root={cfg.data.root}; "
                 f"its index.json has: {', '.join(sorted(available))}"
             )

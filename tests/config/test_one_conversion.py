@@ -1,0 +1,45 @@
+"""eigtrain-train composes its config (Hydra), validates it once per launch and converts it once to its TrainConfig;
+the components take their parts of that one object (none converts the config again)."""
+
+import sys
+
+from omegaconf import OmegaConf
+
+from eigtrain import train, train_checks
+from tests.support.runs import overrides
+
+
+def counted(monkeypatch, module, name: str) -> list:
+    """The calls of `module.name` from outside OmegaConf (whose to_object calls itself for every nested node)."""
+    calls: list = []
+    original = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        if not sys._getframe(1).f_globals.get("__name__", "").startswith("omegaconf"):
+            calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapper)
+    return calls
+
+
+def test_a_launch_validates_once_and_converts_its_config_once(digits_root, tmp_path, monkeypatch):
+    validations = counted(monkeypatch, train, "validate")
+    conversions = counted(monkeypatch, train, "train_config")
+    to_object = counted(monkeypatch, OmegaConf, "to_object")  # every conversion of a config node to a dataclass
+    argv = overrides(tmp_path / "run", digits_root, "steps=2", "checkpoint_every=2")
+    monkeypatch.setattr(sys, "argv", ["eigtrain-train", *argv])
+    train.main()
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+    assert len(validations) == 1, "validate() runs once per launch (main's check of the command line)"
+    assert len(conversions) == 1 and len(to_object) == 2, "one conversion in the run (the other: the launch's check)"
+
+
+def test_an_in_process_run_validates_and_converts_once(digits_root, tmp_path, monkeypatch):
+    conversions = counted(monkeypatch, train, "train_config")
+    to_object = counted(monkeypatch, OmegaConf, "to_object")
+    validations = counted(monkeypatch, train, "validate")
+    cfg = train.compose_config(overrides(tmp_path / "run", digits_root, "steps=2", "checkpoint_every=2"))
+    train.run(cfg)  # tools and tests call it without the command line's check: validated here, once
+    assert len(validations) == 1 and len(conversions) == 1 and len(to_object) == 1
+    assert train_checks.batch_split(cfg, 1) == (cfg.batch_size, 1)
