@@ -302,17 +302,6 @@ def test_deepspeed_skips_a_nonfinite_loss_whatever_its_overflow_check(digits_roo
     assert json.loads(out.stdout.split("RESULT", 1)[1]) == {"skipped": 1, "params_unchanged": True}
 
 
-@pytest.mark.slow
-def test_deepspeed_trains_a_channels_last_encoder(digits_root, tmp_path):
-    """engine.channels_last=true (the default for ResNets on CUDA) under DeepSpeed: its start-up broadcast of
-    every parameter as a byte view failed on channels_last weights (H200, 2026-11-26); the CPU takes the same path."""
-    run_dir = tmp_path / "run"
-    args = overrides(run_dir, digits_root, "engine=deepspeed", "engine.channels_last=true", "steps=2")
-    out = run_cli(["-m", "eigtrain.train", *args], REPO)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert (run_dir / "model.safetensors").is_file()
-
-
 # ---------------------------------------------------------------------------------------------- eigtrain-rr
 
 
