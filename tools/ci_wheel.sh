@@ -2,7 +2,9 @@
 # CI: the eigtrain wheel, installed into a fresh virtual environment, trains from an unrelated directory.
 #
 #   tools/ci_wheel.sh                 build, install into a fresh venv, train (cpu_debug, 3 steps) elsewhere
-#   tools/ci_wheel.sh --build DIR     only build the wheel into DIR (tests/system/test_packaging.py)
+#   tools/ci_wheel.sh --keep DIR      the same, and leave the wheel in DIR (tests/system/test_packaging.py runs
+#                                     this, so the test suite of .ci/run builds the wheel once and checks it all)
+#   tools/ci_wheel.sh --build DIR     only build the wheel into DIR (tools/device_wheels.sh)
 #
 # The wheel is built from a copy of the sources (pyproject.toml, setup.py, eigtrain/, configs/, launch/), as a
 # release would be. The fresh venv gets eigtrain from that wheel only (pip install --no-deps); its
@@ -27,6 +29,10 @@ if [ "${1:-}" = "--build" ]; then
 fi
 
 build "$work/dist"
+if [ "${1:-}" = "--keep" ]; then
+  mkdir -p "$2"
+  cp "$work"/dist/eigtrain-*.whl "$2"/
+fi
 "$py" -m venv --without-pip "$work/venv"
 fresh=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 "$py" -c 'import sysconfig; print(sysconfig.get_path("purelib"))' > "$fresh/eigtrain_ci_dependencies.pth"

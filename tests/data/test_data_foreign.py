@@ -351,10 +351,20 @@ def test_label_from_a_json_field(tmp_path):
 
 @pytest.mark.slow
 def test_two_rank_training_over_http_stops_and_resumes_bit_identically(served, tmp_path):
+    """DDP on 2 CPU processes under torchrun (gloo): the whole run, then a stop at N/2 and a resume, are the same
+    losses and weights bit for bit (the suite's one DDP train + resume path; DeepSpeed's is in tests/train)."""
+    from eigtrain import checkpoint as ckpt
+    from eigtrain.metrics_log import read_metrics
+
     _, base = served
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
     check(torchrun(tmp_path, ["-m", "eigtrain.train"], *train_overrides(reference, f"{base}/{PATTERN}")))
+    records = read_metrics(reference)
+    assert [r["step"] for r in records] == list(range(1, 7)) and all(r["loss"] is not None for r in records)
+    step6 = reference / "checkpoints/step-6"  # torch DCP shards of both ranks beside each rank's trainer state
+    assert {"__0_0.distcp", "__1_0.distcp", "rank-0.pt", "rank-1.pt", ckpt.MARKER} <= {p.name for p in step6.iterdir()}
     check(torchrun(tmp_path, ["-m", "eigtrain.train"], *train_overrides(resumed, f"{base}/{PATTERN}", "stop_after=3")))
+    assert ckpt.latest_checkpoint(resumed / "checkpoints") == resumed / "checkpoints/step-3"
     check(torchrun(tmp_path, ["-m", "eigtrain.train"], *train_overrides(resumed, f"{base}/{PATTERN}")))
     assert len(losses(reference)) == 6 and losses(resumed) == losses(reference)
     assert_same_final_weights(resumed, reference)

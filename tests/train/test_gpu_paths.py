@@ -4,8 +4,6 @@ folded colour jitter, the Rayleigh-Ritz job's process-group backend."""
 
 import copy
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,7 +19,7 @@ from eigtrain.data.augment_recipes import PRESETS, ViewRecipe
 from eigtrain.data.write import main as write_shards_cli
 from eigtrain.engine.base import enable_cuda_fast_paths, guarded_step
 from eigtrain.objectives.moments import full_fp32_matmul
-from tests.support.runs import REPO, clean_env, overrides, run_cli
+from tests.support.runs import REPO, overrides, run_cli
 from tests.support.streams import open_stream
 
 # ---------------------------------------------------------------------------------------------- nvJPEG probe
@@ -302,51 +300,13 @@ def test_deepspeed_skips_a_nonfinite_loss_whatever_its_overflow_check(digits_roo
     assert json.loads(out.stdout.split("RESULT", 1)[1]) == {"skipped": 1, "params_unchanged": True}
 
 
-@pytest.mark.slow
-def test_deepspeed_trains_a_channels_last_encoder(digits_root, tmp_path):
-    """engine.channels_last=true (the default for ResNets on CUDA) under DeepSpeed: its start-up broadcast of
-    every parameter as a byte view failed on channels_last weights (H200, 2026-11-26); the CPU takes the same path."""
-    run_dir = tmp_path / "run"
-    args = overrides(run_dir, digits_root, "engine=deepspeed", "engine.channels_last=true", "steps=2")
-    out = run_cli(["-m", "eigtrain.train", *args], REPO)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert (run_dir / "model.safetensors").is_file()
-
-
 # ---------------------------------------------------------------------------------------------- eigtrain-rr
 
 
-RR_ON_A_CUDA_MACHINE = """
-import sys
-import torch
-torch.cuda.is_available = lambda: True  # a GPU machine; the job itself reads embeddings on the CPU
-from eigtrain.rr_job import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-@pytest.mark.slow
-def test_rr_with_several_ranks_takes_its_backend_from_the_device(tmp_path):
-    """embeddings= runs on the CPU: gloo, even where CUDA is visible (NCCL then failed on the CPU tensors)."""
-    rng = np.random.default_rng(0)
-    z = rng.normal(size=(400, 4))
-    np.savez(tmp_path / "emb.npz", z1=z, z2=z + 0.1 * rng.normal(size=z.shape))
-    (tmp_path / "rr_on_cuda_machine.py").write_text(RR_ON_A_CUDA_MACHINE)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        str(tmp_path / "rr_on_cuda_machine.py"),
-        f"embeddings={tmp_path / 'emb.npz'}",
-        f"out={tmp_path / 'rr'}",
-    ]
-    proc = subprocess.run(cmd, env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "rr" / "rr.safetensors").is_file()
-    assert edist.backend_for(torch.device("cuda", 0)) == "cpu:gloo,cuda:nccl"  # CPU accumulators beside NCCL
+def test_rr_with_several_ranks_takes_its_backend_from_the_device():
+    """A CUDA device gets CPU accumulators over gloo beside NCCL; embeddings= on 2 ranks where CUDA is visible runs
+    over gloo: tests/export/test_rr_ground_truth.py::test_two_ranks_export_what_one_rank_exports."""
+    assert edist.backend_for(torch.device("cuda", 0)) == "cpu:gloo,cuda:nccl"
 
 
 # ---------------------------------------------------------------------------------------------- channels_last
