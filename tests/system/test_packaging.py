@@ -26,7 +26,14 @@ def test_wheel_contains_configs_and_launcher_under_eigtrain_only(tmp_path):
     info = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
     assert zipfile.ZipFile(wheel).read(info).decode().split() == ["eigtrain"]
     scripts = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    for command in ("eigtrain-train", "eigtrain-rr", "eigtrain-eval", "eigtrain-shards", "eigtrain-synthetic"):
+    for command in (
+        "eigtrain-train",
+        "eigtrain-rr",
+        "eigtrain-eval",
+        "eigtrain-embed",
+        "eigtrain-shards",
+        "eigtrain-synthetic",
+    ):
         assert f"{command} = " in scripts
 
 

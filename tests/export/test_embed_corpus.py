@@ -1,0 +1,142 @@
+"""eigtrain-embed on a tiny digits run with its Rayleigh-Ritz export: every validation sample once with its key,
+the same output after a real SIGKILL and a rerun, the same (keys, features) on 2 ranks as on 1, and one-line
+refusals (no export, foreign out=, k too large, other settings than the manifest's)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eigtrain.data import read_index
+from eigtrain.embed import embed_split, open_run
+from eigtrain.embed_corpus import main as embed_main
+from eigtrain.embed_corpus import read_embeddings
+from eigtrain.export import load_head
+from eigtrain.rr_job import main as rr_main
+from tests.support.runs import REPO, overrides, run_cli, torchrun
+
+KILL = str(REPO / "tests" / "support" / "embed_kill_wrapper.py")
+N_VAL = 359  # sklearn digits: 1797 samples, val_fraction 0.2 -> 1438 train + 359 val
+SMALL = ["split=val", "chunk_size=50", "batch_size=32", "num_workers=1"]  # 8 chunks of 359
+
+
+@pytest.fixture(scope="module")
+def trained(digits_root, tmp_path_factory):
+    """A 2-step cpu_debug run on digits and its Rayleigh-Ritz export (run_dir/rr)."""
+    from eigtrain.train import compose_config, run
+
+    run_dir = tmp_path_factory.mktemp("embed") / "run"
+    run(compose_config(overrides(run_dir, digits_root, "steps=2", "checkpoint_every=2")))
+    assert rr_main([f"run_dir={run_dir}", "batch_size=256", "num_workers=0"]) == 0
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def whole(trained, tmp_path_factory):
+    """The validation split embedded in one uninterrupted run."""
+    out = tmp_path_factory.mktemp("whole") / "emb"
+    assert embed_main([f"run_dir={trained}", f"out={out}", *SMALL]) == 0
+    return out
+
+
+def _files(out):
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+def test_every_validation_sample_once_with_its_key(trained, whole, digits_root):
+    keys, features = read_embeddings(whole)
+    manifest = json.loads((whole / "manifest.json").read_text())
+    assert read_index(digits_root).num_samples("val") == N_VAL
+    assert manifest["complete"] and manifest["count"] == N_VAL == len(keys) == len(set(keys))
+    assert keys == sorted(keys) and features.shape == (N_VAL, 16) and features.dtype == torch.float32
+    assert manifest["settings"]["input"] == "l2_normalized" and len(manifest["eigenvalues"]) == 16
+    assert (
+        manifest["settings"]["model"]["sha256"]
+        == json.loads((trained / "rr" / "manifest.json").read_text())["source"]["sha256"]
+    )
+    # the same vectors as eigtrain-eval's path: the encoder over the split, then the export's head
+    run = open_run(str(trained))
+    z, _ = embed_split(run, "val", batch_size=512, num_workers=0)
+    expected = load_head(trained / "rr", dtype=torch.float64)(z.double()).float()
+    torch.testing.assert_close(features, expected, rtol=0, atol=1e-5)
+    assert torch.equal(read_embeddings(whole, k=4)[1], features[:, :4])
+
+
+def test_a_prefix_in_float16(trained, whole, tmp_path):
+    out = tmp_path / "k4"
+    assert embed_main([f"run_dir={trained}", f"out={out}", "k=4", "dtype=float16", *SMALL]) == 0
+    keys, features = read_embeddings(out)
+    full_keys, full = read_embeddings(whole)
+    assert keys == full_keys and features.dtype == torch.float16 and features.shape == (N_VAL, 4)
+    torch.testing.assert_close(features.float(), full[:, :4], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_killed_mid_way_and_rerun_gives_the_uninterrupted_output(trained, whole, tmp_path):
+    out = tmp_path / "emb"
+    proc = run_cli([KILL, f"run_dir={trained}", f"out={out}", *SMALL], tmp_path)
+    assert proc.returncode == -9, proc.stderr[-2000:]  # SIGKILL, with chunk 2 half-written
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [
+        ".rank-0-chunk-00002.safetensors.tmp",
+        "manifest.json",
+        *(f"rank-0-chunk-0000{i}.safetensors" for i in (0, 1)),
+    ]
+    assert not json.loads((out / "manifest.json").read_text())["complete"]
+    with pytest.raises(ValueError, match="no complete eigtrain-embed output"):
+        read_embeddings(out)
+    first = (out / "rank-0-chunk-00000.safetensors").stat().st_mtime_ns
+    assert embed_main([f"run_dir={trained}", f"out={out}", *SMALL]) == 0
+    assert (out / "rank-0-chunk-00000.safetensors").stat().st_mtime_ns == first  # resumed, not redone
+    assert _files(out).keys() - {".rank-0-chunk-00002.safetensors.tmp"} == _files(whole).keys()
+    for name, data in _files(whole).items():
+        if name != "manifest.json":
+            assert _files(out)[name] == data, name  # byte-identical chunks
+    (a_keys, a), (b_keys, b) = read_embeddings(out), read_embeddings(whole)
+    assert a_keys == b_keys and torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_two_ranks_give_the_one_rank_vectors(trained, whole, tmp_path):
+    """Bitwise at batch_size=1: each sample is encoded alone whatever the rank. With larger batches a sample's
+    float32 encoding depends by ~1 ulp on the batch it shares (CPU convolution blocking; measured: z differs by
+    <= 9e-8 at batch 64 vs 1), which the export's whitening transform amplifies to ~1e-5 on features of unit
+    variance (measured 8.1e-6 for 2 ranks vs 1 at batch_size=32): equal to float32 rounding, not bitwise."""
+    single = [a for a in SMALL if not a.startswith("batch_size=")] + ["batch_size=1"]
+    out = tmp_path / "emb2"
+    proc = torchrun(tmp_path, ["-m", "eigtrain.embed_corpus"], f"run_dir={trained}", f"out={out}", *single)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {p.name.split("-chunk")[0] for p in out.glob("rank-*")} == {"rank-0", "rank-1"}
+    assert embed_main([f"run_dir={trained}", f"out={tmp_path / 'emb1'}", *single]) == 0
+    (two_keys, two), (one_keys, one) = read_embeddings(out), read_embeddings(tmp_path / "emb1")
+    assert two_keys == one_keys == read_embeddings(whole)[0] and torch.equal(two, one)
+    torch.testing.assert_close(two, read_embeddings(whole)[1], rtol=0, atol=1e-4)
+
+
+def test_refusals_are_one_line(trained, whole, tmp_path, capsys):
+    def refused(*args):
+        assert embed_main([f"run_dir={trained}", *SMALL, *args]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        return err
+
+    assert "no Rayleigh-Ritz export" in refused(f"out={tmp_path / 'a'}", f"rr={tmp_path / 'none'}")
+    bare = tmp_path / "bare"
+    shutil.copytree(trained, bare, ignore=shutil.ignore_patterns("rr"))
+    assert embed_main([f"run_dir={bare}", f"out={tmp_path / 'b'}", *SMALL]) == 2
+    assert "no Rayleigh-Ritz export" in capsys.readouterr().err
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert "did not write" in refused(f"out={foreign}")
+    assert (foreign / "notes.txt").read_text() == "mine" and len(list(foreign.iterdir())) == 1
+    assert "did not write" in refused(f"out={trained / 'rr'}")  # another command's manifest.json
+    assert "k=17" in refused(f"out={tmp_path / 'c'}", "k=17")
+    before = _files(whole)
+    assert "another k " in refused(f"out={whole}", "k=4")
+    assert "another dtype " in refused(f"out={whole}", "dtype=float16")
+    assert _files(whole) == before
+    assert not any((tmp_path / d).exists() for d in "abc")
+    assert load_file(str(next(whole.glob("rank-0-chunk-*"))))["features"].shape[1] == 16
