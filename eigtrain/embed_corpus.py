@@ -68,8 +68,10 @@ class EmbedConfig:
 
 
 def check_out(out: Path) -> dict | None:
-    """Refuse (one line) an out= holding anything eigtrain-embed did not write; its manifest when it has one."""
-    own = {p.name for p in out.iterdir() if CHUNK.fullmatch(p.name)} if out.is_dir() else set()
+    """Refuse (one line) an out= holding anything eigtrain-embed did not write; its manifest when it has one.
+    Chunk names count as its own only beside its manifest (written before any chunk)."""
+    chunks = (out / MANIFEST).is_file() and out.is_dir()
+    own = {p.name for p in out.iterdir() if CHUNK.fullmatch(p.name)} if chunks else set()
     check_output_dir(out, own | EMBED_ENTRIES, "out")
     if not (out / MANIFEST).exists():
         return None
@@ -151,15 +153,27 @@ def write_chunk(out: Path, rank: int, index: int, keys: list[str], features: tor
     return path
 
 
+def resume_point(out: Path, rank: int) -> tuple[set[str], int]:
+    """(the keys complete chunks hold, this rank's next chunk index). Every rank's keys: a rerun on another world
+    size still embeds each sample exactly once."""
+    done = chunk_files(out) if out.is_dir() else []
+    return {key for path in done for key in chunk_keys(path)}, sum(p.name.startswith(f"rank-{rank}-") for p in done)
+
+
+def _take(value, rows: list[int]):
+    """The rows `rows` of a batch field (a tensor, a list, or None)."""
+    if value is None or isinstance(value, torch.Tensor):
+        return None if value is None else value[rows]
+    return [value[i] for i in rows]
+
+
 @torch.no_grad()
 def embed_share(
-    cfg: EmbedConfig, run: TrainedRun, head: OrderedHead, spec: dict, env, device: str, out: Path
+    cfg: EmbedConfig, run: TrainedRun, head: OrderedHead, spec: dict, env, device: str, out: Path, resume: tuple
 ) -> tuple[int, int]:
-    """Embed this rank's share of the split, skipping the keys complete chunks hold: (samples in the split, chunks
-    written now)."""
-    done = chunk_files(out)
-    skip = {key for path in done for key in chunk_keys(path)}  # every rank's: any world size resumes exactly
-    index = sum(1 for path in done if path.name.startswith(f"rank-{env.rank}-"))
+    """Embed this rank's share of the split but the keys in `resume` (`resume_point`): (samples in the split,
+    chunks written now). Skipped samples are still read (the stream has no seek), not encoded."""
+    skip, index = resume
     data = run.cfg.data
     stream = _stream(run, spec["split"], cfg.batch_size, cfg.num_workers, env.rank, env.world_size, device)
     normalize = build_augment("none", image_size=data.view_size, **normalization(data)).to(device)
@@ -173,9 +187,8 @@ def embed_share(
         todo = [i for i, key in enumerate(batch["key"]) if key not in skip]
         if not todo:
             continue
-        images = (batch["x"] if run.pairs else batch["image"])[todo]
-        sizes = batch.get("size")
-        x = normalize.view(images.to(device), None, 0, None if sizes is None else sizes[todo])
+        images = _take(batch["x"] if run.pairs else batch["image"], todo)
+        x = normalize.view(images.to(device), None, 0, _take(batch.get("size"), todo))
         rows.append(head(encoder(x).double(), spec["k"]).to(DTYPES[spec["dtype"]]).cpu())
         keys += [batch["key"][i] for i in todo]
         while len(keys) >= cfg.chunk_size:  # full chunks as soon as they fill; the rest at the end
@@ -217,6 +230,10 @@ def run(cfg: EmbedConfig) -> dict:
     spec = settings(cfg, trained, rr_dir, head, cfg.split or str(trained.cfg.data.split))
     if old is not None:
         check_same(out, old, spec)
+        if old.get("complete"):  # nothing left to do: the output stays as it is
+            if env.rank == 0:
+                print(f"eigtrain-embed: {out} is complete ({old['count']} samples); nothing to do")
+            return {"manifest": old, "chunks_written": 0}
     manifest = {
         "format": FORMAT,
         "settings": spec,
@@ -230,8 +247,9 @@ def run(cfg: EmbedConfig) -> dict:
     if env.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         write_manifest(out, manifest)
+    resume = resume_point(out, env.rank)  # before any rank writes a chunk
     edist.barrier()
-    expected, written = embed_share(cfg, trained, head, spec, env, str(device), out)
+    expected, written = embed_share(cfg, trained, head, spec, env, str(device), out, resume)
     edist.barrier()
     if env.rank == 0:
         manifest = finish(out, manifest, expected)

@@ -71,6 +71,9 @@ def test_a_prefix_in_float16(trained, whole, tmp_path):
     full_keys, full = read_embeddings(whole)
     assert keys == full_keys and features.dtype == torch.float16 and features.shape == (N_VAL, 4)
     torch.testing.assert_close(features.float(), full[:, :4], rtol=1e-3, atol=1e-3)
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert embed_main([f"run_dir={trained}", f"out={out}", "k=4", "dtype=float16", *SMALL]) == 0  # complete: kept
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
 
 
 @pytest.mark.slow
@@ -133,6 +136,9 @@ def test_refusals_are_one_line(trained, whole, tmp_path, capsys):
     assert "did not write" in refused(f"out={foreign}")
     assert (foreign / "notes.txt").read_text() == "mine" and len(list(foreign.iterdir())) == 1
     assert "did not write" in refused(f"out={trained / 'rr'}")  # another command's manifest.json
+    shutil.copytree(whole, tmp_path / "chunks")
+    (tmp_path / "chunks" / "manifest.json").unlink()
+    assert "did not write" in refused(f"out={tmp_path / 'chunks'}")  # chunk names without the manifest
     assert "k=17" in refused(f"out={tmp_path / 'c'}", "k=17")
     before = _files(whole)
     assert "another k " in refused(f"out={whole}", "k=4")
@@ -140,3 +146,24 @@ def test_refusals_are_one_line(trained, whole, tmp_path, capsys):
     assert _files(whole) == before
     assert not any((tmp_path / d).exists() for d in "abc")
     assert load_file(str(next(whole.glob("rank-0-chunk-*"))))["features"].shape[1] == 16
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
+def test_any_shards_the_trainer_reads(tmp_path):
+    """data.shards=PATTERN: a run trained on webdataset JPEG shards embeds another corpus of such shards."""
+    from eigtrain.train import compose_config, run
+    from tests.support.foreign_shards import TRAIN_PER_CLASS, train_overrides, write_shards
+
+    train = write_shards(tmp_path / "shards", "train", TRAIN_PER_CLASS, 0, TRAIN_PER_CLASS)
+    corpus = write_shards(tmp_path / "shards", "corpus", 10, 2, 15)  # 40 new images in 3 shards
+    run_dir = tmp_path / "run"
+    run(compose_config(train_overrides(run_dir, train, "steps=2", "checkpoint_every=2", "data.num_workers=1")))
+    assert rr_main([f"run_dir={run_dir}", "batch_size=16", "num_workers=0"]) == 0
+    out = tmp_path / "emb"
+    args = [f"run_dir={run_dir}", f"out={out}", f"data.shards='{corpus}'", "batch_size=8", "chunk_size=16"]
+    assert embed_main(args) == 0
+    keys, features = read_embeddings(out)
+    assert keys == sorted(f"corpus-{c}-{i:03d}" for c in range(4) for i in range(10)) and features.shape == (40, 16)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["settings"]["data"] == f"data.shards={corpus}" and manifest["count"] == 40
