@@ -116,6 +116,14 @@ def test_two_ranks_give_the_one_rank_vectors(trained, whole, tmp_path):
     (two_keys, two), (one_keys, one) = read_embeddings(out), read_embeddings(tmp_path / "emb1")
     assert two_keys == one_keys == read_embeddings(whole)[0] and torch.equal(two, one)
     torch.testing.assert_close(two, read_embeddings(whole)[1], rtol=0, atol=1e-4)
+    # killed on 1 rank, resumed on 2: the samples of its complete chunks are not embedded again
+    mixed = tmp_path / "mixed"
+    assert run_cli([KILL, f"run_dir={trained}", f"out={mixed}", *single], tmp_path).returncode == -9
+    proc = torchrun(tmp_path, ["-m", "eigtrain.embed_corpus"], f"run_dir={trained}", f"out={mixed}", *single)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {"rank-0-chunk-00002.safetensors", "rank-1-chunk-00000.safetensors"} <= {p.name for p in mixed.iterdir()}
+    mixed_keys, features = read_embeddings(mixed)
+    assert mixed_keys == one_keys and torch.equal(features, one)
 
 
 def test_refusals_are_one_line(trained, whole, tmp_path, capsys):
