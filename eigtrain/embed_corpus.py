@@ -53,17 +53,17 @@ eigenvalue order. A rerun with the same settings resumes; read them with eigtrai
 
 @dataclass
 class EmbedConfig:
-    run_dir: str | None = None
-    out: str | None = None
-    rr: str | None = None  # the export applied (default run_dir/rr): it must be of the run's weights
-    split: str | None = None  # None: the run's training split (data.split); val: data.val_shards or data.root's
-    k: int | None = None  # the first k features (default: all the export has)
-    dtype: str = "float32"
-    chunk_size: int = 4096
-    batch_size: int = 256
-    num_workers: int = 1
-    device: str = "cpu"
-    allow_foreign_export: bool = False
+    run_dir: str | None = None  # the trained run (its final export, else its newest checkpoint that verifies)
+    out: str | None = None  # the output directory: new, empty, or an earlier eigtrain-embed output to resume
+    rr: str | None = None  # the Rayleigh-Ritz export applied (null: run_dir/rr); it must be of the run's weights
+    split: str | None = None  # null: the run's training split (data.shards given here: the corpus); val: held out
+    k: int | None = None  # store the first k features (null: all the export has)
+    dtype: str = "float32"  # of the stored features (computed in float64 from the encoder's float32 output)
+    chunk_size: int = 4096  # rows per chunk file (each rank its own chunks); a rerun resumes at the first missing
+    batch_size: int = 256  # samples per encoder call (1: features independent of batch mates, bitwise on any CPU ranks)
+    num_workers: int = 1  # reader processes per rank
+    device: str = "cpu"  # cpu | cuda | auto (this rank's GPU when there is one)
+    allow_foreign_export: bool = False  # apply an export solved on other weights (recorded in the manifest)
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
 
 
