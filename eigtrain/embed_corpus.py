@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -140,8 +140,11 @@ def chunk_files(out: Path) -> list[Path]:
 
 
 def chunk_keys(path: Path) -> list[str]:
-    with safe_open(str(path), "pt") as f:
-        return json.loads((f.metadata() or {})["keys"])
+    try:
+        with safe_open(str(path), "pt") as f:
+            return json.loads((f.metadata() or {})["keys"])
+    except (SafetensorError, KeyError, ValueError) as error:  # a chunk changed since it was written
+        raise ValueError(f"cannot read the keys of {path} ({error!r}): not a chunk eigtrain-embed wrote") from None
 
 
 def write_chunk(out: Path, rank: int, index: int, keys: list[str], features: torch.Tensor) -> Path:
@@ -157,6 +160,8 @@ def resume_point(out: Path, rank: int) -> tuple[set[str], int]:
     """(the keys complete chunks hold, this rank's next chunk index). Every rank's keys: a rerun on another world
     size still embeds each sample exactly once."""
     done = chunk_files(out) if out.is_dir() else []
+    for stale in out.glob(f".rank-{rank}-chunk-*.safetensors.tmp"):  # this rank's, cut short by a kill
+        stale.unlink()
     return {key for path in done for key in chunk_keys(path)}, sum(p.name.startswith(f"rank-{rank}-") for p in done)
 
 
