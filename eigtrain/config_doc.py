@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 from omegaconf import MISSING
 
-from eigtrain import engine, evaluate, rayleigh_ritz, rr_job, schema
+from eigtrain import embed_corpus, engine, evaluate, rayleigh_ritz, rr_job, schema
 from eigtrain.data import augment, gpu_decode, stream, write
 from eigtrain.engine import base, optim
 from eigtrain.models import backbones
@@ -35,6 +35,7 @@ COMMANDS = [
     ("eigtrain-train", schema.TrainConfig),
     ("eigtrain-rr", rr_job.RRJobConfig),
     ("eigtrain-eval", evaluate.EvalConfig),
+    ("eigtrain-embed", embed_corpus.EmbedConfig),
     ("eigtrain-shards", write.WriteArgs),
     ("eigtrain-shards index", write.IndexArgs),
     ("eigtrain-synthetic", config.SyntheticConfig),
@@ -58,6 +59,7 @@ ALLOWED = (
     | {"kernel": kernels.KERNELS, "extraction": config.EXTRACTIONS, "rr_mode": config.RR_MODES}
     | {"jn_readoff": config.JN_READOFFS, "extraction_pairs": config.EXTRACTION_PAIRS, "schedule": config.SCHEDULES}
     | {"constant_mode": config.CONSTANT_MODES, "fourier_features": config.FOURIER_FEATURES}
+    | {"dtype": tuple(embed_corpus.DTYPES)}
 )
 
 

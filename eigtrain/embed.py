@@ -130,7 +130,7 @@ def normalization(data: DictConfig) -> dict:
     return {"mean": tuple(data.mean) if data.mean else mean, "std": tuple(data.std) if data.std else std}
 
 
-def _stream(
+def split_stream(
     run: TrainedRun, split: str, batch_size: int, num_workers: int, rank: int, world: int, device="cpu"
 ) -> ShardStream:
     """One pass over the run's data (data.root's split, or its data.shards with the run's cached counts)."""
@@ -204,7 +204,7 @@ def reduce_pairs(
     """Accumulate (Psi(a), Psi(a+)) over augmented views (or (Phi(x), Psi(a)) for pairs) of this rank's share;
     folds: also per fold of the samples (`key_folds`)."""
     data = run.cfg.data
-    stream = _stream(run, split, batch_size, num_workers, rank, world, device)
+    stream = split_stream(run, split, batch_size, num_workers, rank, world, device)
     augment = build_augment(data.augment, image_size=data.view_size, **normalization(data)).to(device)
     acc = RRAccumulator(run.cfg.dim, pairs=run.pairs, device=device, folds=folds)
     if not run.pairs:
@@ -224,7 +224,7 @@ def reduce_pairs(
 def embed_split(run: TrainedRun, split: str, batch_size: int = 512, num_workers: int = 1, device: str = "cpu"):
     """Un-augmented embeddings z = encoder(x) of a whole split (one process), with labels and keys."""
     data = run.cfg.data
-    stream = _stream(run, split, batch_size, num_workers, 0, 1, device)
+    stream = split_stream(run, split, batch_size, num_workers, 0, 1, device)
     normalize = build_augment("none", image_size=data.view_size, **normalization(data)).to(device)
     encoder = run.encoder.phi if run.pairs else run.encoder
     assert isinstance(encoder, nn.Module)

@@ -35,6 +35,8 @@ RUN_ENTRIES = frozenset(
     }
 )
 EVAL_ENTRIES = frozenset({"table.md", "table.csv", "report.json", "accuracy_vs_dim.png", "retrieval_vs_dim.png"})
+# eigtrain-embed's fixed names; its chunks (rank-R-chunk-IIIII.safetensors) are matched by eigtrain.embed_corpus
+EMBED_ENTRIES = frozenset({"manifest.json", ".manifest.json.tmp"})
 
 
 class OutputDirError(FileExistsError, ValueError):

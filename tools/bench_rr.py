@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from eigtrain.data import build_augment
-from eigtrain.embed import _stream, normalization, open_run
+from eigtrain.embed import normalization, open_run, split_stream
 from eigtrain.rr_moments import RRAccumulator
 
 
@@ -32,7 +32,7 @@ def one_pass(run, reduce: bool, batch_size: int, workers: int) -> tuple[float, i
     generator = torch.Generator().manual_seed(0)
     acc = RRAccumulator(run.cfg.dim) if reduce else None
     seen, in_update, start = 0, 0.0, time.perf_counter()
-    for batch in _stream(run, "train", batch_size, workers, 0, 1):
+    for batch in split_stream(run, "train", batch_size, workers, 0, 1):
         v1, v2 = augment(batch["image"], generator=generator)
         z1, z2 = run.encoder(torch.cat([v1, v2])).chunk(2)
         if reduce:

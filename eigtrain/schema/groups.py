@@ -18,7 +18,9 @@ from omegaconf import MISSING
 from eigtrain.schema.objectives import OBJECTIVE_SCHEMAS, ObjectiveBase
 
 NestingMode = Literal["none", "joint", "sequential"]  # eigtrain.objectives.nesting.MODES
-Backbone = Literal["tiny_cnn", "resnet18", "resnet50", "vit_tiny", "vit_small", "vit_base", "mlp"]  # eigtrain.models.BACKBONES
+Backbone = Literal[
+    "tiny_cnn", "resnet18", "resnet50", "vit_tiny", "vit_small", "vit_base", "mlp"
+]  # eigtrain.models.BACKBONES
 DataMode = Literal["views", "pairs"]  # eigtrain.data.stream.MODES
 AugmentPreset = Literal["digits", "cifar", "imagenet", "none"]  # eigtrain.data.augment_recipes.PRESETS
 ImageFit = Literal["cover", "whole"]  # eigtrain.data.decode.FITS

@@ -34,6 +34,7 @@ def test_wheel_installed_in_a_fresh_venv_trains_elsewhere_and_holds_configs_and_
         "eigtrain-train",
         "eigtrain-rr",
         "eigtrain-eval",
+        "eigtrain-embed",
         "eigtrain-shards",
         "eigtrain-synthetic",
         "eigtrain-export",

@@ -1,0 +1,302 @@
+"""eigtrain-embed: a trained run's ordered features (its Rayleigh-Ritz export applied to its encoder) of every sample
+of a split, written in chunks a search index can load, resumable after a kill, on one process or under torchrun.
+
+Output directory `out=`:
+- ``rank-R-chunk-IIIII.safetensors``: tensor ``features`` (N x k, eigenvalue order, float16|float32) and the samples'
+  keys as a JSON list in the file's metadata (``keys``), row i <-> key i. Each rank writes its own sequence; a chunk
+  is written to a dot-prefixed temporary name and renamed, so it exists only when complete.
+- ``manifest.json``: the settings (model, export, k, dtype, split, input view) written before the first chunk, then
+  ``count`` and ``complete: true`` once every rank is done (replaced atomically each time).
+A rerun skips every sample whose key a complete chunk holds (any world size: coverage stays exact) and refuses
+settings other than the manifest's, naming the key. `read_embeddings` gives (keys, features[:, :k]) sorted by key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from eigtrain import dist as edist
+from eigtrain.checksums import file_sha256
+from eigtrain.data import build_augment
+from eigtrain.embed import TrainedRun, check_split, command_line_data, normalization, open_run, split_stream
+from eigtrain.evaluate import EvalDataConfig
+from eigtrain.export import TENSORS, OrderedHead, load_head
+from eigtrain.output_dirs import EMBED_ENTRIES, OutputDirError, check_output_dir
+from eigtrain.provenance import export_provenance
+from eigtrain.redact import redact_url
+
+FORMAT = "eigtrain-embeddings-v1"  # manifest["format"]: the mark of a directory eigtrain-embed wrote
+MANIFEST = "manifest.json"
+CHUNK = re.compile(r"\.?rank-(\d+)-chunk-(\d{5})\.safetensors(\.tmp)?")  # .NAME.tmp: one being written
+DTYPES = {"float16": torch.float16, "float32": torch.float32}
+
+USAGE = """eigtrain-embed: the ordered features of every sample of a split, in chunks with their keys.
+
+    eigtrain-embed run_dir=DIR out=DIR [split=train|val] [data.shards=PATTERN] [data.val_shards=PATTERN]
+                   [rr=DIR] [k=K] [dtype=float32|float16] [chunk_size=4096] [batch_size=256] [num_workers=1]
+    torchrun --nproc_per_node N -m eigtrain.embed_corpus ...    # each rank embeds its share
+
+Features are the run's Rayleigh-Ritz export (rr=, default run_dir/rr) applied to its encoder, first k in
+eigenvalue order. A rerun with the same settings resumes; read them with eigtrain.embed_corpus.read_embeddings.
+"""
+
+
+@dataclass
+class EmbedConfig:
+    run_dir: str | None = None  # the trained run (its final export, else its newest checkpoint that verifies)
+    out: str | None = None  # the output directory: new, empty, or an earlier eigtrain-embed output to resume
+    rr: str | None = None  # the Rayleigh-Ritz export applied (null: run_dir/rr); it must be of the run's weights
+    split: str | None = None  # null: the run's training split (data.shards given here: the corpus); val: held out
+    k: int | None = None  # store the first k features (null: all the export has)
+    dtype: str = "float32"  # of the stored features (computed in float64 from the encoder's float32 output)
+    chunk_size: int = 4096  # rows per chunk file (each rank its own chunks); a rerun resumes at the first missing
+    batch_size: int = 256  # samples per encoder call (1: features independent of batch mates, bitwise on any CPU ranks)
+    num_workers: int = 1  # reader processes per rank
+    device: str = "cpu"  # cpu | cuda | auto (this rank's GPU when there is one)
+    allow_foreign_export: bool = False  # apply an export solved on other weights (recorded in the manifest)
+    data: EvalDataConfig = field(default_factory=EvalDataConfig)
+
+
+def check_out(out: Path) -> dict | None:
+    """Refuse (one line) an out= holding anything eigtrain-embed did not write; its manifest when it has one.
+    Chunk names count as its own only beside its manifest (written before any chunk)."""
+    chunks = (out / MANIFEST).is_file() and out.is_dir()
+    own = {p.name for p in out.iterdir() if CHUNK.fullmatch(p.name)} if chunks else set()
+    check_output_dir(out, own | EMBED_ENTRIES, "out")
+    if not (out / MANIFEST).exists():
+        return None
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError) as error:
+        raise OutputDirError(f"out={out}: cannot read {out / MANIFEST} ({error}): refusing to write there") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise OutputDirError(f"out={out} holds a {MANIFEST} eigtrain-embed did not write: refusing to write there")
+    return manifest
+
+
+def load_export(cfg: EmbedConfig, run: TrainedRun) -> tuple[Path, OrderedHead, dict]:
+    """The export applied to this run: (its directory, its head, its provenance); one line when it does not fit."""
+    rr_dir = Path(cfg.rr) if cfg.rr else run.run_dir / "rr"
+    if not (rr_dir / TENSORS).exists():
+        hint = "give rr=DIR" if not cfg.rr else "check rr="
+        raise FileNotFoundError(f"no Rayleigh-Ritz export at {rr_dir}: run eigtrain-rr run_dir={run.run_dir} or {hint}")
+    head = load_head(rr_dir, dtype=torch.float64)
+    if head.l2_normalize != (run.output == "l2_normalized"):
+        raise ValueError(
+            f"the Rayleigh-Ritz export {rr_dir} was solved on {'l2-normalized' if head.l2_normalize else 'raw'} "
+            f"embeddings but this run's objective sees {run.output.replace('_', '-')} ones: run eigtrain-rr again"
+        )
+    provenance = export_provenance(rr_dir, run.weights, run.weights_sha256, cfg.allow_foreign_export)
+    width = head.transform.shape[1]
+    if cfg.k is not None and not 1 <= cfg.k <= width:
+        raise ValueError(f"k={cfg.k} must lie in 1..{width}: the export {rr_dir} has {width} features")
+    return rr_dir, head, provenance
+
+
+def settings(cfg: EmbedConfig, run: TrainedRun, rr_dir: Path, head: OrderedHead, split: str) -> dict:
+    """What the features are a function of: a rerun into the same out= must give the same ones."""
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"dtype={cfg.dtype!r} is not allowed; allowed: {', '.join(DTYPES)}")
+    return {
+        "model": {"run_dir": str(run.run_dir.resolve()), "weights": str(run.weights), "sha256": run.weights_sha256},
+        "export": {"path": str(rr_dir.resolve()), "sha256": file_sha256(rr_dir / TENSORS)},
+        "input": run.output,  # the view of the encoder the export was solved on (raw | l2_normalized)
+        "k": cfg.k or int(head.transform.shape[1]),
+        "dtype": cfg.dtype,
+        "split": split,
+        "data": check_split(run, split),  # where the split comes from (URLs without credentials)
+    }
+
+
+def check_same(out: Path, old: dict, new: dict) -> None:
+    differing = [key for key in new if old.get("settings", {}).get(key) != new[key]]
+    if differing:
+        raise ValueError(
+            f"out={out} holds embeddings made with another {differing[0]} ({old['settings'].get(differing[0])!r}, "
+            f"now {new[differing[0]]!r}): choose a new out= or rerun with the same settings"
+        )
+
+
+def write_manifest(out: Path, manifest: dict) -> None:
+    tmp = out / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, out / MANIFEST)
+
+
+def chunk_files(out: Path) -> list[Path]:
+    """The complete chunks in out=, by rank then index."""
+    found = [(m, p) for p in out.iterdir() if (m := CHUNK.fullmatch(p.name)) and not p.name.startswith(".")]
+    return [p for m, p in sorted(found, key=lambda mp: (int(mp[0][1]), int(mp[0][2])))]
+
+
+def chunk_keys(path: Path) -> list[str]:
+    try:
+        with safe_open(str(path), "pt") as f:
+            return json.loads((f.metadata() or {})["keys"])
+    except (SafetensorError, KeyError, ValueError) as error:  # a chunk changed since it was written
+        raise ValueError(f"cannot read the keys of {path} ({error!r}): not a chunk eigtrain-embed wrote") from None
+
+
+def write_chunk(out: Path, rank: int, index: int, keys: list[str], features: torch.Tensor) -> Path:
+    """One chunk, renamed into place once written: it exists only when complete."""
+    path = out / f"rank-{rank}-chunk-{index:05d}.safetensors"
+    tmp = out / f".{path.name}.tmp"
+    save_file({"features": features.contiguous()}, str(tmp), {"keys": json.dumps(keys)})
+    os.replace(tmp, path)
+    return path
+
+
+def resume_point(out: Path, rank: int) -> tuple[set[str], int]:
+    """(the keys complete chunks hold, this rank's next chunk index). Every rank's keys: a rerun on another world
+    size still embeds each sample exactly once."""
+    done = chunk_files(out) if out.is_dir() else []
+    for stale in out.glob(f".rank-{rank}-chunk-*.safetensors.tmp"):  # this rank's, cut short by a kill
+        stale.unlink()
+    return {key for path in done for key in chunk_keys(path)}, sum(p.name.startswith(f"rank-{rank}-") for p in done)
+
+
+def _take(value, rows: list[int]):
+    """The rows `rows` of a batch field (a tensor, a list, or None)."""
+    if value is None or isinstance(value, torch.Tensor):
+        return None if value is None else value[rows]
+    return [value[i] for i in rows]
+
+
+@torch.no_grad()
+def embed_share(
+    cfg: EmbedConfig, run: TrainedRun, head: OrderedHead, spec: dict, env, device: str, out: Path, resume: tuple
+) -> tuple[int, int]:
+    """Embed this rank's share of the split but the keys in `resume` (`resume_point`): (samples in the split,
+    chunks written now). Skipped samples are still read (the stream has no seek), not encoded."""
+    skip, index = resume
+    data = run.cfg.data
+    stream = split_stream(run, spec["split"], cfg.batch_size, cfg.num_workers, env.rank, env.world_size, device)
+    normalize = build_augment("none", image_size=data.view_size, **normalization(data)).to(device)
+    encoder = run.encoder.phi if run.pairs else run.encoder
+    assert isinstance(encoder, nn.Module)
+    head = head.to(device)
+    keys: list[str] = []
+    rows: list[torch.Tensor] = []
+    written = 0
+    for batch in stream:
+        todo = [i for i, key in enumerate(batch["key"]) if key not in skip]
+        if not todo:
+            continue
+        images = _take(batch["x"] if run.pairs else batch["image"], todo)
+        x = normalize.view(images.to(device), None, 0, _take(batch.get("size"), todo))
+        rows.append(head(encoder(x).double(), spec["k"]).to(DTYPES[spec["dtype"]]).cpu())
+        keys += [batch["key"][i] for i in todo]
+        while len(keys) >= cfg.chunk_size:  # full chunks as soon as they fill; the rest at the end
+            features = torch.cat(rows)
+            write_chunk(out, env.rank, index, keys[: cfg.chunk_size], features[: cfg.chunk_size])
+            keys, rows, index, written = keys[cfg.chunk_size :], [features[cfg.chunk_size :]], index + 1, written + 1
+    if keys:
+        write_chunk(out, env.rank, index, keys, torch.cat(rows))
+        written += 1
+    return stream.num_samples, written
+
+
+def finish(out: Path, manifest: dict, expected: int) -> dict:
+    """Rank 0, once every rank is done: check exact coverage over all chunks and mark the manifest complete."""
+    files = chunk_files(out)
+    keys = [key for path in files for key in chunk_keys(path)]
+    if len(keys) != expected or len(set(keys)) != len(keys):
+        raise RuntimeError(
+            f"out={out}: the chunks hold {len(keys)} samples ({len(set(keys))} distinct keys) but the split has "
+            f"{expected}: samples were lost or duplicated (or keys repeat in the shards)"
+        )
+    manifest.update(count=len(keys), chunks=len(files), complete=True)
+    write_manifest(out, manifest)
+    return manifest
+
+
+def run(cfg: EmbedConfig) -> dict:
+    if not cfg.run_dir or not cfg.out:
+        raise ValueError("give run_dir=DIR and out=DIR")
+    if cfg.chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {cfg.chunk_size}")
+    env = edist.resolve_env()
+    device = edist.select_device(env, cfg.device)
+    edist.init_distributed(env, backend=edist.backend_for(device))
+    out = Path(cfg.out)
+    old = check_out(out)  # before any work: never write into a directory of someone else's
+    trained = open_run(cfg.run_dir, device=str(device), data=command_line_data(cfg.data))
+    rr_dir, head, provenance = load_export(cfg, trained)
+    spec = settings(cfg, trained, rr_dir, head, cfg.split or str(trained.cfg.data.split))
+    if old is not None:
+        check_same(out, old, spec)
+        if old.get("complete"):  # nothing left to do: the output stays as it is
+            if env.rank == 0:
+                print(f"eigtrain-embed: {out} is complete ({old['count']} samples); nothing to do")
+            return {"manifest": old, "chunks_written": 0}
+    manifest = {
+        "format": FORMAT,
+        "settings": spec,
+        "dim": spec["k"],
+        "eigenvalues": [float(v) for v in head.eigenvalues[: spec["k"]]],
+        "export_provenance": provenance,
+        "complete": False,
+        "count": None,
+    }
+    edist.barrier()  # every rank has checked out= before rank 0 writes there
+    if env.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        write_manifest(out, manifest)
+    resume = resume_point(out, env.rank)  # before any rank writes a chunk
+    edist.barrier()
+    expected, written = embed_share(cfg, trained, head, spec, env, str(device), out, resume)
+    edist.barrier()
+    if env.rank == 0:
+        manifest = finish(out, manifest, expected)
+        print(f"eigtrain-embed: {manifest['count']} samples x {spec['k']} features ({spec['dtype']}) in {out}")
+    edist.barrier()
+    return {"manifest": manifest, "chunks_written": written}
+
+
+def read_embeddings(out: str | os.PathLike, k: int | None = None) -> tuple[list[str], torch.Tensor]:
+    """(keys, features[:, :k]) of a complete eigtrain-embed output, sorted by key (the same for any world size)."""
+    out = Path(out)
+    manifest = check_out(out) if out.is_dir() else None
+    if not manifest or not manifest.get("complete"):
+        raise ValueError(f"{out} holds no complete eigtrain-embed output (run eigtrain-embed to finish it)")
+    keys: list[str] = []
+    parts = []
+    for path in chunk_files(out):
+        keys += chunk_keys(path)
+        parts.append(load_file(str(path))["features"])
+    features = torch.cat(parts)
+    if k is not None and not 1 <= k <= features.shape[1]:
+        raise ValueError(f"k={k} must lie in 1..{features.shape[1]}")
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    return [keys[i] for i in order], features[order, :k]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from eigtrain.cli import compose_dataclass
+
+    args = sys.argv[1:] if argv is None else argv
+    if args in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    try:
+        run(compose_dataclass(EmbedConfig, args))
+    except (ValueError, OSError, RuntimeError) as error:  # OSError: unreadable shards; RuntimeError: coverage
+        print(redact_url(f"eigtrain-embed: {error}"), file=sys.stderr)
+        return 2
+    finally:
+        edist.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
