@@ -122,8 +122,9 @@ def funnel_search(
     out = []
     for s in range(0, len(queries), 32):
         qw = queries[s : s + 32].astype(np.float64) * index.weights
-        survivors = np.broadcast_to(np.arange(n), (len(qw), n))
-        for k, m in stages:
+        k, m = stages[0]
+        survivors = _top_rows(qw[:, :k] @ index.vectors[:, :k].T.astype(np.float64), m)  # the whole corpus
+        for k, m in stages[1:]:
             x = index.vectors[survivors, :k].astype(np.float64)  # (b, survivors, k)
             scores = np.einsum("bk,bmk->bm", qw[:, :k], x)
             survivors = np.take_along_axis(survivors, _top_rows(scores, m), axis=1)
@@ -208,10 +209,78 @@ def spectrum_funnels(weights: np.ndarray, second_moments: np.ndarray) -> dict[st
     }
 
 
-def pca_rotation(vectors: np.ndarray) -> np.ndarray:
-    """The vectors in their principal axes (of the centred covariance, largest variance first), rotated, not
-    centred: inner products at full d are unchanged, so the full-size reference is the same."""
+def pca_axes(vectors: np.ndarray) -> np.ndarray:
+    """(d, d) principal axes of the vectors' centred covariance, largest variance first. Apply as x @ axes to the
+    corpus and the queries alike (a rotation, not centred: inner products at full d are unchanged, so the full-size
+    reference is the same)."""
     x = vectors.astype(np.float64)
     centred = x - x.mean(axis=0)
     variances, axes = np.linalg.eigh(centred.T @ centred / len(x))
-    return (x @ axes[:, np.argsort(-variances, kind="stable")]).astype(vectors.dtype)
+    return axes[:, np.argsort(-variances, kind="stable")]
+
+
+@dataclass
+class IVFPQShortlist:
+    """faiss.IndexIVFPQ (inner product) over the first k coordinates, scaled by sqrt|w| (the query by sign(w) sqrt|w|,
+    so inner products are the weighted prefix score for any sign of w): the compressed first stage of a funnel."""
+
+    k: int
+    nlist: int
+    subquantizers: int
+    nprobe: int
+    faiss_index: object
+    list_sizes: np.ndarray
+
+
+def build_ivfpq(index: PrefixIndex, k: int, nlist: int, nprobe: int, seed: int = 0) -> IVFPQShortlist:
+    """Train IVF-PQ on the corpus' first k coordinates: nlist lists, k/2 sub-quantizers of 8 bits (2 coordinates
+    per byte when k is even), nprobe lists searched."""
+    import faiss
+
+    sub = max(m for m in range(1, max(k // 2, 1) + 1) if k % m == 0)
+    x = np.ascontiguousarray(index.vectors[:, :k] * np.sqrt(np.abs(index.weights[:k])), dtype=np.float32)
+    quantizer = faiss.IndexFlatIP(k)
+    ivf = faiss.IndexIVFPQ(quantizer, k, nlist, sub, 8, faiss.METRIC_INNER_PRODUCT)
+    ivf.cp.seed = seed
+    ivf.pq.cp.seed = seed
+    ivf.train(x)
+    ivf.add(x)
+    ivf.nprobe = nprobe
+    lists = ivf.invlists
+    assert lists is not None  # an IVF index always has its lists once built
+    sizes = np.array([lists.list_size(i) for i in range(nlist)])
+    return IVFPQShortlist(k, nlist, sub, nprobe, ivf, sizes)
+
+
+def ivfpq_funnel_search(
+    index: PrefixIndex,
+    pq: IVFPQShortlist,
+    queries: np.ndarray,
+    rerank: list[tuple[int, int]],
+    cost: Cost,
+    shortlist_size: int = SHORTLIST,
+) -> np.ndarray:
+    """Shortlist `shortlist_size` by IVF-PQ at pq.k, then the flat stages `rerank` on the stored vectors. The first stage
+    costs what PQ does: the coarse search (nlist * k), the look-up tables (256 * k), one look-up-add per
+    sub-quantizer per scanned code; bytes: centroids, codebooks, and the scanned codes with their 8-byte ids."""
+    k = pq.k
+    w = index.weights[:k]
+    q = np.ascontiguousarray(queries[:, :k] * np.sign(w) * np.sqrt(np.abs(w)), dtype=np.float32)
+    ivf = pq.faiss_index
+    _, shortlist = ivf.search(q, shortlist_size)  # type: ignore[attr-defined]
+    _, probed = ivf.quantizer.search(q, pq.nprobe)  # type: ignore[attr-defined]
+    scanned = pq.list_sizes[probed].sum(axis=1).astype(np.float64)
+    macs = (pq.nlist * k + 256 * k + k) * len(q) + scanned.sum() * pq.subquantizers
+    nbytes = (pq.nlist * k + 256 * k) * 4 * len(q) + scanned.sum() * (pq.subquantizers + 8)
+    out = []
+    for i in range(len(q)):
+        survivors = shortlist[i][shortlist[i] >= 0]
+        qw = queries[i].astype(np.float64) * index.weights
+        for kk, m in rerank:
+            scores = index.vectors[survivors, :kk].astype(np.float64) @ qw[:kk]
+            macs += len(survivors) * kk + kk
+            nbytes += len(survivors) * kk * index.itemsize
+            survivors = survivors[_top_rows(scores[None, :], m)[0]]
+        out.append(np.pad(survivors[:TOP], (0, TOP - len(survivors[:TOP])), constant_values=-1))
+    cost.add(macs, nbytes, len(q))
+    return np.stack(out)

@@ -12,7 +12,7 @@ from eigtrain.funnels import (
     exact_top,
     funnel_cost,
     funnel_search,
-    pca_rotation,
+    pca_axes,
     recall_at,
     spectrum_cuts,
     upward_tail_norms,
@@ -102,6 +102,19 @@ def test_spectrum_cuts_and_pca_keep_the_full_size_scores():
     w = np.array([1.0, 0.5, 0.1, 0.01])
     assert spectrum_cuts(w, np.ones(4), shares=(0.3, 0.05, 0.0)) == [1, 2, 4]
     x, _, _ = _data("loose", seed=5, n=50, d=6)
-    rotated = pca_rotation(x).astype(np.float64)
+    rotated = x.astype(np.float64) @ pca_axes(x)
     np.testing.assert_allclose(rotated @ rotated.T, x.astype(np.float64) @ x.T.astype(np.float64), atol=1e-4)
     assert np.all(np.diff(rotated.var(axis=0)) <= 1e-6)
+
+
+def test_ivfpq_shortlist_reranked_at_full_size_and_its_cost_counts_every_scanned_code():
+    pytest.importorskip("faiss")
+    from eigtrain.funnels import build_ivfpq, ivfpq_funnel_search
+
+    x, q, w = _data("signed", seed=6, n=300, d=8)
+    index = PrefixIndex(x, w)
+    pq, cost = build_ivfpq(index, 4, nlist=2, nprobe=2), Cost()
+    found = ivfpq_funnel_search(index, pq, q, [(8, 10)], cost, shortlist_size=300)  # every vector reranked
+    assert recall_at(found, exact_top(index, q)) == 1.0
+    assert pq.list_sizes.sum() == 300 and pq.subquantizers == 2
+    assert cost.macs / cost.queries == 2 * 4 + 256 * 4 + 4 + 300 * 2 + 300 * 8 + 8
