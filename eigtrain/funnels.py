@@ -284,3 +284,29 @@ def ivfpq_funnel_search(
         out.append(np.pad(survivors[:TOP], (0, TOP - len(survivors[:TOP])), constant_values=-1))
     cost.add(macs, nbytes, len(q))
     return np.stack(out)
+
+
+def funnel_report(corpus: np.ndarray, queries: np.ndarray, eigenvalues: np.ndarray, dims: list[int]) -> dict:
+    """eigtrain-eval's `retrieval_funnels` section: recall@10 against the exact top-10 under the eigenvalue-weighted
+    score s at full d, with multiply-adds and bytes per query, for fixed prefixes at `dims`, MRL's funnel, the
+    spectrum's funnels and the bound-based early stop (cuts at `dims`)."""
+    d = corpus.shape[1]
+    index = PrefixIndex(np.ascontiguousarray(corpus, dtype=np.float32), eigenvalues, cuts=tuple(dims))
+    q = np.ascontiguousarray(queries, dtype=np.float32)
+    reference = exact_top(index, q)
+    funnels = {f"fixed k={k}": [(k, TOP)] for k in sorted({*dims, d}) if k <= d}
+    funnels |= {f"MRL {SHORTLIST}@{k} -> {d}": [(k, SHORTLIST), (d, TOP)] for k in (16,) if k < d}
+    funnels |= spectrum_funnels(index.weights, (index.vectors.astype(np.float64) ** 2).mean(axis=0))
+    rows = []
+    for name, stages in funnels.items():
+        cost = Cost()
+        rows.append({"method": name, "recall@10": recall_at(funnel_search(index, q, stages, cost), reference)})
+        rows[-1].update(cost.per_query())
+    cost, found, stops = Cost(), [], []
+    for query in q:
+        top, stop = bound_search(index, query, cost)
+        found.append(top)
+        stops.append(stop)
+    bound = {"method": "bound early stop", "recall@10": recall_at(np.stack(found), reference), **cost.per_query()}
+    rows.append({**bound, "mean_stop_k": float(np.mean(stops))})
+    return {"reference": "exact top-10 under s = sum_i lambda_i psi_i(q) psi_i(x) at full d", "rows": rows}

@@ -118,3 +118,31 @@ def test_ivfpq_shortlist_reranked_at_full_size_and_its_cost_counts_every_scanned
     assert recall_at(found, exact_top(index, q)) == 1.0
     assert pq.list_sizes.sum() == 300 and pq.subquantizers == 2
     assert cost.macs / cost.queries == 2 * 4 + 256 * 4 + 4 + 300 * 2 + 300 * 8 + 8
+
+
+def test_eval_reports_retrieval_funnels_on_stored_features_when_asked(tmp_path):
+    import json
+
+    import torch
+
+    from eigtrain.evaluate import main as eval_main
+    from eigtrain.export import save_export
+    from eigtrain.rayleigh_ritz import solve
+    from eigtrain.rr_moments import RRAccumulator
+    from tests.support.finite_kernels import blobs
+
+    x, y = blobs(d=8)
+    acc = RRAccumulator(8)
+    acc.update(x[:400], x[:400] + 0.3 * torch.randn(400, 8, generator=torch.Generator().manual_seed(2)))
+    save_export(solve(acc), tmp_path / "rr", {"kind": "test"}, plot=False)
+    split = {"train_z": x[:400], "train_y": y[:400], "test_z": x[400:], "test_y": y[400:]}
+    np.savez(tmp_path / "f.npz", **{k: v.numpy() for k, v in split.items()})
+    args = [f"features={tmp_path / 'f.npz'}", f"rr={tmp_path / 'rr'}", "probe=closed_form", "random_draws=2"]
+    assert eval_main([*args, f"out={tmp_path / 'ev'}", "dims=[4,8]", "retrieval=none", "retrieval_funnels=true"]) == 0
+    rows = {
+        r["method"]: r for r in json.loads((tmp_path / "ev" / "report.json").read_text())["retrieval_funnels"]["rows"]
+    }
+    assert rows["fixed k=8"]["recall@10"] == 1.0 and rows["bound early stop"]["recall@10"] == 1.0
+    assert rows["fixed k=4"]["macs_per_query"] == 400 * 4 + 4
+    assert eval_main([*args, f"out={tmp_path / 'ev2'}", "dims=[4,8]", "retrieval=none"]) == 0
+    assert "retrieval_funnels" not in json.loads((tmp_path / "ev2" / "report.json").read_text())
