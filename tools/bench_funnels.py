@@ -112,7 +112,7 @@ def corpus_rows(corpus, q, eigenvalues, nlist: int, nprobe: int) -> dict:
             pca = PrefixIndex(((corpus * root) @ axes).astype(np.float32), np.ones(d), cuts=cuts)
             rows += _funnel_rows("PCA ", pca, ((q * root) @ axes).astype(np.float32), reference, funnels)
         k1 = next(s for name, s in spectrum.items() if name.count("->") == 1)[0][0]
-        rows += _pq_rows(index, q, reference, {"hand": 16, "spectrum": k1}, nlist, nprobe)
+        rows += _pq_rows(index, q, reference, {**({"hand": 16} if 16 < d else {}), "spectrum": k1}, nlist, nprobe)
         out[ref] = rows
     return out
 
@@ -208,7 +208,8 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default=str(OUT))
     a = p.parse_args(argv)
     corpus, q, lam = synthetic(a.n, a.dim, a.queries)
-    results = {"synthetic": corpus_rows(corpus, q, lam, nlist=256, nprobe=16)}
+    nlist = min(256, max(1, a.n // 39))  # faiss asks for 39 training vectors per list
+    results = {"synthetic": corpus_rows(corpus, q, lam, nlist=nlist, nprobe=16)}
     results["synthetic"]["info"] = f"n={a.n}, d={a.dim}, {a.queries} queries, lambda_i = exp(-0.08 (i-1))"
     if a.digits_run:
         corpus, q, lam = digits_features(a.digits_run)

@@ -146,3 +146,23 @@ def test_eval_reports_retrieval_funnels_on_stored_features_when_asked(tmp_path):
     assert rows["fixed k=4"]["macs_per_query"] == 400 * 4 + 4
     assert eval_main([*args, f"out={tmp_path / 'ev2'}", "dims=[4,8]", "retrieval=none"]) == 0
     assert "retrieval_funnels" not in json.loads((tmp_path / "ev2" / "report.json").read_text())
+
+
+def test_bench_funnels_writes_every_row_family_and_its_exact_rows_recall_everything(tmp_path, capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    pytest.importorskip("faiss")
+    path = Path(__file__).resolve().parents[2] / "tools" / "bench_funnels.py"
+    spec = importlib.util.spec_from_file_location("bench_funnels", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    results = bench.main(["--n", "600", "--dim", "20", "--queries", "4", "--out", str(tmp_path)])
+    assert json.loads(capsys.readouterr().out)["synthetic"]["info"] == results["synthetic"]["info"]
+    for ref in ("s", "ip"):
+        rows = {r["method"].split(" (")[0]: r for r in results["synthetic"][ref]}
+        assert rows["fixed k=20"]["recall@10"] == 1.0 and rows["bound early stop"]["recall@10"] == 1.0
+        assert {bench._family(m) for m in rows} == {"fixed", "MRL", "spectrum", "bound", "PCA", "IVF-PQ"}
+    assert (tmp_path / "funnels.md").exists() and (tmp_path / "funnels.png").stat().st_size > 0
