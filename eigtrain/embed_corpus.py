@@ -64,7 +64,7 @@ class EmbedConfig:
     num_workers: int = 1  # reader processes per rank
     device: str = "cpu"  # cpu | cuda | auto (this rank's GPU when there is one)
     allow_foreign_export: bool = False  # apply an export solved on other weights (recorded in the manifest)
-    data: EvalDataConfig = field(default_factory=EvalDataConfig)
+    data: EvalDataConfig = field(default_factory=EvalDataConfig)  # data sources replacing the run's saved ones
 
 
 def check_out(out: Path) -> dict | None:

@@ -73,6 +73,7 @@ class EvalConfig:
     retrieval: str = "auto"  # auto (FAISS when installed, else torch) | torch | faiss | none
     retrieval_draws: int = 5  # random subsets averaged for RS retrieval
     allow_foreign_export: bool = False  # score through an export solved on other weights (stated in the report)
+    retrieval_funnels: bool = False  # report.json's retrieval_funnels: adaptive retrieval over RR (eigtrain.funnels)
     data: EvalDataConfig = field(default_factory=EvalDataConfig)  # data sources replacing the run's saved ones
 
 
@@ -156,6 +157,13 @@ def evaluate(cfg) -> tuple[dict, dict]:
         manifest = json.loads((Path(rr_dir) / MANIFEST).read_text())
         report["rr_cuts"] = manifest.get("cuts")  # None: an export from before, folds=0, or too few samples
         report["rr_ties"] = manifest.get("ties")  # ties=variance: the groups reordered by variance
+    if cfg.retrieval_funnels:  # recall@10 vs cost of prefix searches, funnels and the exact bound-based early stop
+        if head is None:
+            raise ValueError("retrieval_funnels=true needs a Rayleigh-Ritz export (rr=DIR, or the run's rr/)")
+        from eigtrain.funnels import funnel_report
+
+        rr_train, rr_test, lam = train["rr"].numpy(), test["rr"].numpy(), head.eigenvalues.numpy()
+        report["retrieval_funnels"] = funnel_report(rr_train, rr_test, lam, dims)
     title = f"Accuracy (%) by representation size — {Path(cfg.run_dir or cfg.features).name}"
     return report, write_report(report, out, title)
 
