@@ -15,9 +15,13 @@ from pathlib import Path
 import yaml
 from omegaconf import MISSING
 
-from eigtrain import embed_corpus, engine, evaluate, rayleigh_ritz, rr_job, schema
+from eigtrain import engine, schema
 from eigtrain.data import augment, gpu_decode, stream, write
 from eigtrain.engine import base, optim
+from eigtrain.evaluate import command as evaluate
+from eigtrain.export import command as rr_job
+from eigtrain.export import corpus as embed_corpus
+from eigtrain.export import rayleigh_ritz
 from eigtrain.models import backbones
 from eigtrain.objectives import OBJECTIVES, moments, nesting
 from eigtrain.synthetic import config, grid, kernels, table

@@ -182,7 +182,7 @@ class RequeueableCall(submitit.helpers.Checkpointable):
 
 
 def _where(result) -> str:
-    """' step N' when the function returned its step (as eigtrain.train.run does), so the log says where
+    """' step N' when the function returned its step (as eigtrain.train.command.run does), so the log says where
     the requeued run must resume."""
     step = result.get("step") if isinstance(result, Mapping) else None
     return f" step {step}" if isinstance(step, int) else ""

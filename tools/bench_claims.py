@@ -19,9 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from eigtrain.evaluate import EvalConfig, evaluate
-from eigtrain.rr_job import main as rr_main
-from eigtrain.train import compose_config, run
+from eigtrain.evaluate.command import EvalConfig, evaluate
+from eigtrain.export.command import main as rr_main
+from eigtrain.train.command import compose_config, run
 
 # each row of the table: its training overrides (scl_constant_none: SCL before the constant was held outside)
 VARIANTS = {

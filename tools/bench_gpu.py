@@ -48,8 +48,8 @@ from eigtrain.engine import build_engine
 from eigtrain.engine.base import enable_cuda_fast_paths
 from eigtrain.models import build_encoder
 from eigtrain.objectives import build_objective
-from eigtrain.step_inputs import StepInputs
-from eigtrain.train import compose_config, make_loss_fn, view_options
+from eigtrain.train.command import compose_config, make_loss_fn, view_options
+from eigtrain.train.step_inputs import StepInputs
 
 # Dense bf16 tensor-core peaks (TFLOP/s) by device name; --peak-tflops overrides.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
@@ -164,7 +164,7 @@ def forward_flops(model, x: torch.Tensor, autocast) -> float:
 
 
 def trainer_step(engine, loss_fn, inputs: StepInputs, batches, device: torch.device):
-    """The trainer's step (eigtrain.train's loop body without its logging): inputs, then engine.train_step."""
+    """The trainer's step (eigtrain.train.command's loop body without its logging): inputs, then engine.train_step."""
 
     def step():
         micro_batches, usable = inputs({"image": next(batches)})

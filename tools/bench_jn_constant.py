@@ -17,9 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from eigtrain.embed import embed_split, open_run
-from eigtrain.probes import constant_share, probe_accuracy
-from eigtrain.train import compose_config, run
+from eigtrain.evaluate.probes import constant_share, probe_accuracy
+from eigtrain.export.embed import embed_split, open_run
+from eigtrain.train.command import compose_config, run
 
 NONE, FIXED = "objective.constant_mode=none", "objective.constant_mode=fixed"
 VARIANTS = {

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eigtrain.retrieval import resolve_backend, search_seconds_per_query
-from eigtrain.rr_job import reduce_embeddings
-from eigtrain.rr_moments import RRAccumulator
+from eigtrain.evaluate.retrieval import resolve_backend, search_seconds_per_query
+from eigtrain.export.command import reduce_embeddings
+from eigtrain.export.moments import RRAccumulator
 
 
 def _best(fn, repeats=3) -> float:

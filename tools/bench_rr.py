@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from eigtrain.data import build_augment
-from eigtrain.embed import normalization, open_run, split_stream
-from eigtrain.rr_moments import RRAccumulator
+from eigtrain.export.embed import normalization, open_run, split_stream
+from eigtrain.export.moments import RRAccumulator
 
 
 @torch.no_grad()
@@ -53,8 +53,8 @@ def main():
 
     tmp = None
     if args.run_dir is None:
-        from eigtrain.train import compose_config
-        from eigtrain.train import run as train
+        from eigtrain.train.command import compose_config
+        from eigtrain.train.command import run as train
 
         tmp = tempfile.TemporaryDirectory()
         args.run_dir = str(Path(tmp.name) / "run")

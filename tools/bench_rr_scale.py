@@ -61,7 +61,7 @@ def command(directory: Path, out: Path) -> tuple[float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "eigtrain.rr_job", f"embeddings={directory}", f"out={out}"],
+        [sys.executable, "-m", "eigtrain.export.command", f"embeddings={directory}", f"out={out}"],
         capture_output=True,
         text=True,
     )

@@ -67,7 +67,7 @@ grep -q "CPU dry run OK" "$work/gpu_check.out"
 grep -q "from .whl" "$work/gpu_check.out"
 
 mkdir "$work/elsewhere" && cd "$work/elsewhere"
-PYTHONPATH=$work/site "$work/venv/bin/python" -m eigtrain.train experiment=cpu_debug steps=1 log_every=1 \
+PYTHONPATH=$work/site "$work/venv/bin/python" -m eigtrain.train.command experiment=cpu_debug steps=1 log_every=1 \
   checkpoint_every=1 logging.progress=false "data.root=$work/digits" 2>&1 | tee "$work/train.out"
 grep -q "wandb is not installed" "$work/train.out"
 test -s runs/cpu_debug/metrics.jsonl

@@ -92,7 +92,15 @@ def throughput_steps(py: str, logs: Path) -> list[Step]:
 def cuda_steps(py: str, runs: Path, logs: Path) -> list[Step]:
     me = [py, str(REPO / "tools" / "gpu_check.py")]
     bench = [py, str(REPO / "tools" / "bench_gpu.py")]
-    train = [py, "-m", "eigtrain.train", "experiment=cpu_debug", *QUIET, f"data.root={runs}/digits", "log_every=1"]
+    train = [
+        py,
+        "-m",
+        "eigtrain.train.command",
+        "experiment=cpu_debug",
+        *QUIET,
+        f"data.root={runs}/digits",
+        "log_every=1",
+    ]
     run1 = [
         py,
         "-m",
@@ -101,7 +109,7 @@ def cuda_steps(py: str, runs: Path, logs: Path) -> list[Step]:
         "--nproc_per_node",
         "1",
         "-m",
-        "eigtrain.train",
+        "eigtrain.train.command",
         "experiment=cpu_debug",
         *QUIET,
         f"data.root={runs}/digits",
@@ -585,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         report["install"] = json.loads((logs / "install_plan.json").read_text())
     print(f"{done['status']} install ({done['seconds']} s)")
     # a partial install may still be enough (say, one optional package failed its import): go on if eigtrain imports
-    usable = done["status"] == "PASS" or probe(py, env, "import eigtrain.train; print('ok')") == "ok"
+    usable = done["status"] == "PASS" or probe(py, env, "import eigtrain.train.command; print('ok')") == "ok"
     for step in steps:
         left = None if deadline is None else deadline - (time.monotonic() - T0)
         if left is not None and left < 30:

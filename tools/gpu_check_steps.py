@@ -28,7 +28,7 @@ def train(runs: Path, *overrides: str) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "eigtrain.train",
+        "eigtrain.train.command",
         "experiment=cpu_debug",
         *QUIET,
         f"data.root={runs}/digits",
@@ -40,7 +40,7 @@ def train(runs: Path, *overrides: str) -> None:
 
 
 def losses(run_dir: Path) -> list[tuple[int, float]]:
-    from eigtrain.metrics_log import read_metrics
+    from eigtrain.train.metrics_log import read_metrics
 
     return [(m["step"], m["loss"]) for m in read_metrics(run_dir)]
 
@@ -72,8 +72,8 @@ def host_syncs(runs: str, device: str = "cuda") -> int:
     import torch
     from bench_gpu import write_image_shards
 
-    from eigtrain.metrics_log import Throughput
-    from eigtrain.train import compose_config, run
+    from eigtrain.train.command import compose_config, run
+    from eigtrain.train.metrics_log import Throughput
 
     cuda = device == "cuda"
     root = write_image_shards(Path(runs) / "png40", 40, 256 if cuda else 64, "png")
@@ -134,7 +134,7 @@ def rr_eval(runs: str, *flags: str) -> int:
             "checkpoint_every=4",
             f"run_dir={run_dir}",
         )
-    for module in ("eigtrain.rr_job",) + (() if cpu else ("eigtrain.evaluate",)):
+    for module in ("eigtrain.export.command",) + (() if cpu else ("eigtrain.evaluate.command",)):
         out = run_dir / module.split(".")[1]
         cmd = [sys.executable, "-m", module, f"run_dir={run_dir}", f"device={device}", f"out={out}"]
         cmd += ["num_workers=0"] if cpu else []
@@ -156,7 +156,7 @@ def nccl_syncbn() -> int:
 
     from eigtrain.dist import resolve_env, select_device
     from eigtrain.models import build_encoder, convert_sync_batch_norm
-    from eigtrain.train import compose_config
+    from eigtrain.train.command import compose_config
 
     env = resolve_env()
     device = select_device(env, "cuda")

@@ -14,3 +14,4 @@ else
   .venv/bin/python -m ruff format --check .
 fi
 .venv/bin/python -m mypy
+.venv/bin/lint-imports  # the layers and no import cycle (pyproject.toml [tool.importlinter])

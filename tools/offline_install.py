@@ -30,9 +30,9 @@ from pathlib import Path
 IMAGE_OWNED = ("torch", "torchvision", "numpy", "triton", "pillow", "scipy")  # never shadowed from .whl
 OPTIONAL = {"wandb": "eigtrain logs to metrics.jsonl without it"}
 MODULES = (
-    "eigtrain.train",
-    "eigtrain.rr_job",
-    "eigtrain.evaluate",
+    "eigtrain.train.command",
+    "eigtrain.export.command",
+    "eigtrain.evaluate.command",
     "eigtrain.engine.deepspeed_zero",
     "hydra",
     "omegaconf",
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 indent=1,
             )
         )
-    return 0 if imports.get("eigtrain.train") == "ok" else 1
+    return 0 if imports.get("eigtrain.train.command") == "ok" else 1
 
 
 if __name__ == "__main__":

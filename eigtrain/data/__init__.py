@@ -5,15 +5,15 @@ Data flows one way: `write_shards` (CLI ``eigtrain-shards``) or any webdataset s
 device -> `build_augment` (random views, per-sample parameters) -> encoder.
 """
 
-from .augment import BatchAugment, build_augment
-from .augment_recipes import ViewRecipe
-from .decode import Corrupt
-from .index import ShardIndex, read_index
-from .sample_counts import shard_counts
-from .shards import ShardError, expand_shards
-from .sources import cifar10_source, digits_source, imagefolder_source, npz_source
-from .stream import CorruptDataError, ShardStream
-from .write import write_shards
+from eigtrain.data.augment import BatchAugment, build_augment
+from eigtrain.data.augment_recipes import ViewRecipe
+from eigtrain.data.decode import Corrupt
+from eigtrain.data.index import ShardIndex, read_index
+from eigtrain.data.sample_counts import shard_counts
+from eigtrain.data.shards import ShardError, expand_shards
+from eigtrain.data.sources import cifar10_source, digits_source, imagefolder_source, npz_source
+from eigtrain.data.stream import CorruptDataError, ShardStream
+from eigtrain.data.write import write_shards
 
 __all__ = [
     "BatchAugment",

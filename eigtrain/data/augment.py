@@ -29,10 +29,10 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .augment_batched import batched_view, compiled_view
-from .augment_draws import Draws, Generators, Sampler, draw
-from .augment_ops import colour_blur_solarize, crop_one, resample, select
-from .augment_recipes import NORMALIZATION, PRESETS, ViewRecipe
+from eigtrain.data.augment_batched import batched_view, compiled_view
+from eigtrain.data.augment_draws import Draws, Generators, Sampler, draw
+from eigtrain.data.augment_ops import colour_blur_solarize, crop_one, resample, select
+from eigtrain.data.augment_recipes import NORMALIZATION, PRESETS, ViewRecipe
 
 
 def build_augment(

@@ -11,9 +11,9 @@ import functools
 
 import torch
 
-from .augment_draws import Sampler, draw
-from .augment_ops import colour_blur_solarize, resample, where
-from .augment_recipes import ViewRecipe
+from eigtrain.data.augment_draws import Sampler, draw
+from eigtrain.data.augment_ops import colour_blur_solarize, resample, where
+from eigtrain.data.augment_recipes import ViewRecipe
 
 
 def batched_view(

@@ -10,7 +10,7 @@ from typing import Generic, TypeVar
 
 import torch
 
-from .augment_recipes import ViewRecipe
+from eigtrain.data.augment_recipes import ViewRecipe
 
 Rows = TypeVar("Rows", torch.Tensor, list)  # per-sample values: tensors as drawn, Python lists on the host
 
@@ -66,7 +66,7 @@ class Sampler:
     """Per-sample random numbers, on the data's device, taken in order from one block of `BLOCK` uniform numbers per
     sample: drawn at once from one generator for the whole batch (a (B, BLOCK) tensor: one call per view, whatever
     the recipe), or from one CPU generator per sample (a list: then each sample's draws depend on its own generator
-    only, not on the batch it came in: eigtrain-rr's views, `eigtrain.embed.sample_generators`), or given
+    only, not on the batch it came in: eigtrain-rr's views, `eigtrain.export.embed.sample_generators`), or given
     (`from_block`: the compiled augmentation takes the block as an input)."""
 
     BLOCK = 64  # per-sample numbers of one view (a view uses at most 36)

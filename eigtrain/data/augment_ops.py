@@ -10,8 +10,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .augment_draws import Draws, Sampler, draw
-from .augment_recipes import ViewRecipe
+from eigtrain.data.augment_draws import Draws, Sampler, draw
+from eigtrain.data.augment_recipes import ViewRecipe
 
 GRAY_WEIGHTS = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale
 SOLARIZE_THRESHOLD = 128 / 255  # PIL's ImageOps.solarize default, as in VICReg

@@ -15,15 +15,15 @@ from typing import Any, Callable
 
 import torch
 
-from ..redact import redact_url
-from ..schema import DataConfig, typed
-from .decode import FITS
-from .gpu_decode import DECODE_CHOICES, choose_jpeg_device
-from .index import INDEX_NAME, read_index
-from .sample_counts import known_counts, shard_counts
-from .shards import expand_shards, local_path
-from .stream import ShardStream
-from .stream_checks import listed
+from eigtrain.data.decode import FITS
+from eigtrain.data.gpu_decode import DECODE_CHOICES, choose_jpeg_device
+from eigtrain.data.index import INDEX_NAME, read_index
+from eigtrain.data.sample_counts import known_counts, shard_counts
+from eigtrain.data.shards import expand_shards, local_path
+from eigtrain.data.stream import ShardStream
+from eigtrain.data.stream_checks import listed
+from eigtrain.redact import redact_url
+from eigtrain.schema import DataConfig, typed
 
 
 class DataConfigError(ValueError):
@@ -174,7 +174,7 @@ def prepare_data(data, rank: int, cache_dir: Path | None = None, barrier: Callab
 
 
 def _write_demo(data, root: Path) -> None:
-    from . import write_marker
+    from eigtrain.data import write_marker
 
     try:
         write_marker.clear_interrupted(root)  # eigtrain's own write, killed midway: written again
@@ -187,7 +187,7 @@ def _write_demo(data, root: Path) -> None:
             f"webdataset shards written by other tools use data.shards='{root}/<name>-{{000000..000099}}.tar' "
             f"(and data.write_if_missing=null)"
         )
-    from .write import WriteArgs, check_args, write_source
+    from eigtrain.data.write import WriteArgs, check_args, write_source
 
     write_source(check_args(asdict(WriteArgs(source=data.write_if_missing, out=str(root), shard_size=data.shard_size))))
 

@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from .decode import Corrupt, DecodeSpec, fit_image
+from eigtrain.data.decode import Corrupt, DecodeSpec, fit_image
 
 DECODE_CHOICES = ("auto", "cpu", "cuda")
 

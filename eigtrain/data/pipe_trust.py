@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
-from .shards import expand_shards, scheme
+from eigtrain.data.shards import expand_shards, scheme
 
 SOURCE_KEYS = ("shards", "val_shards", "shard_index")  # data keys eigtrain opens as URLs
 

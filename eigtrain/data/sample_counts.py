@@ -21,10 +21,18 @@ from typing import cast
 from urllib.parse import urljoin, urlparse
 from urllib.request import urlopen
 
-from ..redact import redact_url
-from .bounded_io import call_within
-from .shards import DEFAULT_TIMEOUT_S, FSSPEC_SCHEMES, ShardError, count_samples, local_path, open_url, scheme
-from .url_auth import http_request
+from eigtrain.data.bounded_io import call_within
+from eigtrain.data.shards import (
+    DEFAULT_TIMEOUT_S,
+    FSSPEC_SCHEMES,
+    ShardError,
+    count_samples,
+    local_path,
+    open_url,
+    scheme,
+)
+from eigtrain.data.url_auth import http_request
+from eigtrain.redact import redact_url
 
 log = logging.getLogger(__name__)
 

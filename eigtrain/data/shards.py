@@ -30,9 +30,9 @@ import webdataset as wds
 from braceexpand import braceexpand
 from webdataset.gopen import gopen_schemes
 
-from ..redact import redact_url
-from .bounded_io import bounded, call_within, open_pipe
-from .url_auth import http_request
+from eigtrain.data.bounded_io import bounded, call_within, open_pipe
+from eigtrain.data.url_auth import http_request
+from eigtrain.redact import redact_url
 
 log = logging.getLogger(__name__)
 

@@ -32,15 +32,14 @@ from typing import Iterator
 import torch
 from torch.utils.data import DataLoader
 
+from eigtrain.data import plan
+from eigtrain.data.decode import IMAGE_EXTS, Corrupt, DecodeSpec, parse_keys
+from eigtrain.data.index import ShardIndex, read_index
+from eigtrain.data.sample_counts import shard_counts
+from eigtrain.data.shards import expand_shards
+from eigtrain.data.stream_checks import MODES, as_size, check_stream, listed
+from eigtrain.data.stream_read import NETWORK_RETRIES, WorkerPipeline, named_timeout, read_shard, read_tasks
 from eigtrain.schema import DataConfig
-
-from . import plan
-from .decode import IMAGE_EXTS, Corrupt, DecodeSpec, parse_keys
-from .index import ShardIndex, read_index
-from .sample_counts import shard_counts
-from .shards import expand_shards
-from .stream_checks import MODES, as_size, check_stream, listed
-from .stream_read import NETWORK_RETRIES, WorkerPipeline, named_timeout, read_shard, read_tasks
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +254,7 @@ class ShardStream:
             batches = named_timeout(iter(loader), self.where, timeout)
         decoder, device = None, self.jpeg_device
         if device is not None:
-            from .gpu_decode import JpegDecoder, finish_batch
+            from eigtrain.data.gpu_decode import JpegDecoder, finish_batch
 
             decoder = JpegDecoder(device)
         for batch in batches:

@@ -6,9 +6,8 @@ plus what the job decides (batch size, rank, world size, seed, one pass); a bad 
 
 from __future__ import annotations
 
+from eigtrain.data.decode import FITS
 from eigtrain.schema import DataConfig
-
-from .decode import FITS
 
 MODES = ("views", "pairs")
 

@@ -13,9 +13,9 @@ from typing import Iterator
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import plan
-from .decode import Corrupt, collate, decode_sample
-from .shards import DEFAULT_TIMEOUT_S, PermanentShardError, complete_samples, local_path, open_url
+from eigtrain.data import plan
+from eigtrain.data.decode import Corrupt, collate, decode_sample
+from eigtrain.data.shards import DEFAULT_TIMEOUT_S, PermanentShardError, complete_samples, local_path, open_url
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ from typing import Iterable, Mapping
 
 import webdataset as wds
 
-from ..cli import compose_dataclass
-from . import write_marker
-from .index import INDEX_NAME, ShardIndex, read_index, write_index
-from .sources import Source, cifar10_source, digits_source, imagefolder_source, npz_source
+from eigtrain.cli import compose_dataclass
+from eigtrain.data import write_marker
+from eigtrain.data.index import INDEX_NAME, ShardIndex, read_index, write_index
+from eigtrain.data.sources import Source, cifar10_source, digits_source, imagefolder_source, npz_source
 
 _SHARD_NAME = re.compile(r"^[A-Za-z0-9_.-]+-\d{6}\.tar$")  # what _ShardFile names a shard: <split>-NNNNNN.tar
 
@@ -194,8 +194,8 @@ class IndexArgs:
 
 def index_main(argv: list[str]) -> None:
     """``eigtrain-shards index PATTERN [out=FILE] [name=NAME]``."""
-    from .sample_counts import WIDS_INDEX_NAME, write_wids_index
-    from .shards import count_samples, expand_shards, local_path
+    from eigtrain.data.sample_counts import WIDS_INDEX_NAME, write_wids_index
+    from eigtrain.data.shards import count_samples, expand_shards, local_path
 
     if not argv or re.match(r"^[A-Za-z_][\w.]*=", argv[0]):  # key=value, not a pattern (a URL's query has '=')
         raise ValueError(

@@ -8,8 +8,8 @@
 Callers import from `eigtrain.dist` only; the names below are its public surface.
 """
 
-from .env import SINGLE_PROCESS_PORT, SLURM_PORT_BASE, SLURM_PORT_SPAN, DistEnv, resolve_env
-from .group import (
+from eigtrain.dist.env import SINGLE_PROCESS_PORT, SLURM_PORT_BASE, SLURM_PORT_SPAN, DistEnv, resolve_env
+from eigtrain.dist.group import (
     all_ranks_any,
     backend_for,
     barrier,
@@ -19,7 +19,7 @@ from .group import (
     is_rank_zero,
     select_device,
 )
-from .signals import (
+from eigtrain.dist.signals import (
     _StopState,
     install_stop_handler,
     leave_after_stop,
@@ -29,7 +29,7 @@ from .signals import (
     stop_signal,
     stopped,
 )
-from .slurm_nodes import expand_nodelist, expand_tasks_per_node
+from eigtrain.dist.slurm_nodes import expand_nodelist, expand_tasks_per_node
 
 __all__ = [
     "SINGLE_PROCESS_PORT", "SLURM_PORT_BASE", "SLURM_PORT_SPAN", "DistEnv", "resolve_env", "all_ranks_any",

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .slurm_nodes import expand_nodelist, expand_tasks_per_node
+from eigtrain.dist.slurm_nodes import expand_nodelist, expand_tasks_per_node
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .env import DistEnv, resolve_env
+from eigtrain.dist.env import DistEnv, resolve_env
 
 
 def init_distributed(env: DistEnv | None = None, backend: str | None = None, timeout_s: float = 600) -> DistEnv:

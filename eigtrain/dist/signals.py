@@ -11,7 +11,7 @@ import threading
 
 import torch.distributed as dist
 
-from .group import all_ranks_any
+from eigtrain.dist.group import all_ranks_any
 
 
 class _StopState:
@@ -98,7 +98,7 @@ def stop_signal() -> signal.Signals | None:
 def leave_after_stop(command: str, step: int, checkpoint) -> None:
     """After a stop signal and the save at the step boundary: one line (rank 0), then the exit status a shell gives a
     process ended by that signal (128 + its number): not a success, and no traceback."""
-    from .env import resolve_env
+    from eigtrain.dist.env import resolve_env
 
     signum = stop_signal() or signal.SIGTERM
     if resolve_env().rank == 0:

@@ -157,7 +157,7 @@ def accumulated_backward(
     backward of micro-batch i's scalar; sync_context(i): e.g. DDP's no_sync for all but the last micro-batch.
     One micro-batch: the plain forward + backward. Several: gradient caching (module docstring).
     usable=False: the micro-batches only stand in for a batch this rank could not use; its embeddings become NaN,
-    which the all-reduces carry to every rank, so every rank skips the update (`eigtrain.skipped_batches`), and
+    which the all-reduces carry to every rank, so every rank skips the update (`eigtrain.train.skipped_batches`), and
     this rank's BatchNorm statistics stay as they were.
     """
     if not usable:

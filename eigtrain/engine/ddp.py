@@ -13,14 +13,14 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
-from eigtrain.checkpoint_read import (  # .metadata unpickled with an allow-list
+from eigtrain.engine.base import LossFn, StepResult, accumulated_backward, autocast, guarded_step, resolve_precision
+from eigtrain.engine.optim import build_optimizer, set_lr
+from eigtrain.runs.checkpoint_read import (  # .metadata unpickled with an allow-list
     SafeFileSystemReader,
     WeightsOnlyLoadPlanner,
     reading,
     single_process_ok,
 )
-from eigtrain.engine.base import LossFn, StepResult, accumulated_backward, autocast, guarded_step, resolve_precision
-from eigtrain.engine.optim import build_optimizer, set_lr
 
 
 class DDPEngine:

@@ -21,8 +21,8 @@ ZERO_STAGES = (1, 2, 3)
 
 def _weights_only_load(path: str, map_location: Any = None) -> Any:
     # DeepSpeed's TorchCheckpointEngine loads with weights_only=False; allow only the three plain
-    # DeepSpeed classes its ZeRO checkpoints contain (eigtrain.checkpoint_read), one line when that fails.
-    from eigtrain.checkpoint_read import load_tensors
+    # DeepSpeed classes its ZeRO checkpoints contain (eigtrain.runs.checkpoint_read), one line when that fails.
+    from eigtrain.runs.checkpoint_read import load_tensors
 
     return load_tensors(Path(path), map_location=map_location)
 
@@ -124,13 +124,13 @@ class DeepSpeedEngine:
         )
 
     def save(self, step_dir: Path, client_state: Mapping[str, Any]) -> None:
-        # Every rank writes its ZeRO partition; no "latest" file (eigtrain.checkpoint does discovery).
+        # Every rank writes its ZeRO partition; no "latest" file (eigtrain.runs.checkpoint does discovery).
         self.ds.save_checkpoint(
             str(step_dir.parent), tag=step_dir.name, client_state=dict(client_state), save_latest=False
         )
 
     def load(self, step_dir: Path) -> None:
-        from eigtrain.checkpoint_read import CheckpointReadError, reading
+        from eigtrain.runs.checkpoint_read import CheckpointReadError, reading
 
         with reading(step_dir):
             path, _ = self.ds.load_checkpoint(str(step_dir.parent), tag=step_dir.name, load_lr_scheduler_states=False)

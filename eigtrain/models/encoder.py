@@ -50,7 +50,7 @@ class PairEncoder(nn.Module):
 
     def __init__(self, phi: Encoder, psi: Encoder):
         super().__init__()
-        self.phi: nn.Module = phi  # an Encoder, or a wrapper of one (eigtrain.embed.L2Normalized)
+        self.phi: nn.Module = phi  # an Encoder, or a wrapper of one (eigtrain.export.embed.L2Normalized)
         self.psi: nn.Module = psi
 
     def forward(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

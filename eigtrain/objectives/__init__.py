@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .base import Objective
-from .lora import SCL, LoRA
-from .nesting import Nesting, mrl_prefixes
-from .rq import RQ, RQDirect
-from .vicreg import VICReg
-from .vicreg_paper import VICRegPaper
+from eigtrain.objectives.base import Objective
+from eigtrain.objectives.lora import SCL, LoRA
+from eigtrain.objectives.nesting import Nesting, mrl_prefixes
+from eigtrain.objectives.rq import RQ, RQDirect
+from eigtrain.objectives.vicreg import VICReg
+from eigtrain.objectives.vicreg_paper import VICRegPaper
 
 OBJECTIVES: dict[str, type[Objective]] = {c.name: c for c in (LoRA, SCL, RQ, RQDirect, VICReg, VICRegPaper)}
 

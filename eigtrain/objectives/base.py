@@ -7,9 +7,7 @@ from typing import Any, Callable, cast
 import torch
 from torch import nn
 
-from eigtrain.schema.objectives import common_options
-
-from .moments import (
+from eigtrain.objectives.moments import (
     REDUCTIONS,
     all_reduce_sum,
     choose_reduction,
@@ -19,7 +17,8 @@ from .moments import (
     gather_other_rows,
     world_size,
 )
-from .nesting import Nesting
+from eigtrain.objectives.nesting import Nesting
+from eigtrain.schema.objectives import common_options
 
 
 class Objective(nn.Module):

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
+from eigtrain.objectives.base import Objective
+from eigtrain.objectives.moments import device_scalar, gram
 from eigtrain.schema.objectives import LoraConfig, coefficients_of
-
-from .base import Objective
-from .moments import device_scalar, gram
 
 NORMALIZE = ("none", "full", "prefix")
 CONSTANT_MODES = ("none", "fixed")

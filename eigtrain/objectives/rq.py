@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from eigtrain.objectives.base import Objective
+from eigtrain.objectives.moments import device_scalar, gram, split_even_odd
 from eigtrain.schema.objectives import RqConfig, coefficients_of
-
-from .base import Objective
-from .moments import device_scalar, gram, split_even_odd
 
 
 def _pair_factor(nu: float):

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from eigtrain.objectives.base import Objective
+from eigtrain.objectives.moments import device_scalar, gram
 from eigtrain.schema.objectives import VicregConfig, coefficients_of
-
-from .base import Objective
-from .moments import device_scalar, gram
 
 
 class VICReg(Objective):

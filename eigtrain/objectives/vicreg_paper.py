@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import torch
 
+from eigtrain.objectives.rq import _pair_factor
+from eigtrain.objectives.vicreg import VICReg
 from eigtrain.schema.objectives import VicregPaperConfig, coefficients_of
-
-from .rq import _pair_factor
-from .vicreg import VICReg
 
 
 class VICRegPaper(VICReg):

@@ -7,8 +7,8 @@
 - objectives.py: the objective group's dataclasses (one per objective; the objectives read their defaults here).
 
 The schema is a leaf: it imports nothing of eigtrain's (tests/config/test_schema_leaf.py). What needs the registries
-or the data -- `validate` (choices, combinations, batch arithmetic) -- is eigtrain.train_checks; sweep point names
-and the yaml files' resolvers are eigtrain.sweep_naming.
+or the data -- `validate` (choices, combinations, batch arithmetic) -- is eigtrain.train.checks; sweep point names
+and the yaml files' resolvers are eigtrain.train.sweep_naming.
 
 Adding a key is one line in groups.py; a yaml file sets it only where its value differs from that default
 (tests/config/test_yaml_defaults.py). Hydra composes configs/train.yaml on top of `TrainConfig` (registered in the

@@ -4,7 +4,7 @@ Groups whose keys depend on the option's `name` (objective, optim, launcher) hav
 OPTIM_SCHEMAS, LAUNCHER_SCHEMAS, and OBJECTIVE_SCHEMAS (eigtrain.schema.objectives).
 
 A key with a fixed set of values has its `Literal` alias here (OmegaConf 2.3 cannot type a field by a Literal, so the
-field is `str` and eigtrain.train_checks checks the value against the alias; tests/config/test_schema_leaf.py
+field is `str` and eigtrain.train.checks checks the value against the alias; tests/config/test_schema_leaf.py
 checks each alias against the registry that uses the value).
 """
 
@@ -30,7 +30,7 @@ Precision = Literal["auto", "fp32", "bf16"]  # eigtrain.engine.base.PRECISIONS
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]  # COMPILE_MODES
 ZeroStage = Literal[1, 2, 3]  # eigtrain.engine.deepspeed_zero.ZERO_STAGES
 Schedule = Literal["cosine", "constant"]  # eigtrain.engine.optim.SCHEDULES
-WandbMode = Literal["offline", "online", "disabled"]  # eigtrain.metrics_log.WANDB_MODES
+WandbMode = Literal["offline", "online", "disabled"]  # eigtrain.train.metrics_log.WANDB_MODES
 Device = Literal["auto", "cpu", "cuda"]
 
 
@@ -233,7 +233,7 @@ class TrainConfig:
     cpu_threads: Optional[int] = None  # torch intra-op threads per process (null: PyTorch's default; torchrun sets 1)
     checkpoint_every: int = 500  # steps; a checkpoint is also written at the end and on a stop signal
     keep_last: int = 3  # complete checkpoints kept
-    new_lineage: bool = False  # resume despite a changed objective/model/data/schedule key (eigtrain.lineage)
+    new_lineage: bool = False  # resume despite a changed objective/model/data/schedule key (eigtrain.runs.lineage)
     log_every: int = 10  # steps between metrics.jsonl lines / progress updates
     max_nonfinite_steps: int = 10  # steps skipped for a non-finite loss or gradient before the run stops
     dist_timeout_s: float = 600.0  # a collective waiting longer (dead or stuck rank) ends the job with an error

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from eigtrain.rayleigh_ritz import solve
-from eigtrain.rr_moments import RRAccumulator
+from eigtrain.export.moments import RRAccumulator
+from eigtrain.export.rayleigh_ritz import solve
 from eigtrain.synthetic.kernels import SyntheticKernel
 from eigtrain.synthetic.metrics import best_signs, ef_mse_per_function, ev_rae_per_function
 from eigtrain.synthetic.sampler import sample_pairs, sample_uniform

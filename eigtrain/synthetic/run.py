@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from eigtrain.rr_moments import RRAccumulator
+from eigtrain.export.moments import RRAccumulator
 from eigtrain.synthetic.config import SyntheticConfig
 from eigtrain.synthetic.extract import CHUNK, encode, evaluate, extract_all, target_first
 from eigtrain.synthetic.kernels import build_kernel

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from eigtrain.cli import compose_dataclass
-from eigtrain.evaluate import EvalConfig
-from eigtrain.evaluate import main as eval_main
+from eigtrain.evaluate.command import EvalConfig
+from eigtrain.evaluate.command import main as eval_main
 from eigtrain.objectives import OBJECTIVES as OBJECTIVE_REGISTRY
 from eigtrain.synthetic import config as synthetic_config
 from eigtrain.synthetic.cli import main as synthetic_main
@@ -147,8 +147,8 @@ def test_table_keys_are_typed_lists():
 def trained(tmp_path_factory):
     """A joint-nesting run and fixed-size runs at k = 4, 8 in directories named as a sweep names its points."""
     from eigtrain.data.write import main as write_shards
-    from eigtrain.rr_job import main as rr_main
-    from eigtrain.train import compose_config, run
+    from eigtrain.export.command import main as rr_main
+    from eigtrain.train.command import compose_config, run
 
     tmp = tmp_path_factory.mktemp("ff")
     write_shards(["source=digits", f"out={tmp / 'digits'}", "shard_size=200"])
@@ -189,7 +189,7 @@ def test_eval_command_line_takes_ff_run_dirs(trained, capsys):
 
 
 def test_eigtrain_train_says_how_to_quote_a_value_its_grammar_cannot_read(monkeypatch, tmp_path):
-    from eigtrain.train import main as train_main
+    from eigtrain.train.command import main as train_main
 
     point = tmp_path / "sweep" / "dim=4"  # as a sweep names its points: the value holds a second `=`
     monkeypatch.setattr("sys.argv", ["eigtrain-train", "experiment=cpu_debug", f"run_dir={point}"])

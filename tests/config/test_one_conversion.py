@@ -5,7 +5,8 @@ import sys
 
 from omegaconf import OmegaConf
 
-from eigtrain import train, train_checks
+from eigtrain.train import checks as train_checks
+from eigtrain.train import command as train
 from tests.support.runs import overrides
 
 

@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 
 from eigtrain.cli import compose_dataclass, sweep_points
 from eigtrain.schema import ConfigError, TrainConfig, check
-from eigtrain.sweep_naming import sweep_point
-from eigtrain.train import compose_config
-from eigtrain.train_checks import validate
+from eigtrain.train.checks import validate
+from eigtrain.train.command import compose_config
+from eigtrain.train.sweep_naming import sweep_point
 
 CONFIGS = importlib.resources.files("eigtrain.configs")
 
@@ -247,7 +247,7 @@ def test_compose_dataclass_inside_a_running_hydra_app():
 
 def test_every_command_parses_through_the_helper():
     from eigtrain.data.write import parse_args as shards_args
-    from eigtrain.rr_job import parse_args as rr_args
+    from eigtrain.export.command import parse_args as rr_args
 
     assert shards_args(["source=digits", f"out={Path('x')}", "seed=3"])["seed"] == 3
     rr = rr_args(["encoder=timm:resnet18", "encoder.kwargs.num_classes=0", "data.root=/d", "out=/o"])

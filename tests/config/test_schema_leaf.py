@@ -46,11 +46,12 @@ def test_no_module_level_getattr_in_the_schema():
 
 
 def _registries():
-    from eigtrain import engine, metrics_log
+    from eigtrain import engine
     from eigtrain.data import augment_recipes, decode, gpu_decode, stream
     from eigtrain.engine import base, deepspeed_zero, optim
     from eigtrain.models import BACKBONES
     from eigtrain.objectives import OBJECTIVES, lora, moments, nesting
+    from eigtrain.train import metrics_log
 
     return [
         (groups.NestingMode, nesting.MODES),

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from eigtrain.schema import TrainConfig
-from eigtrain.sweep_naming import NOT_RESULT_KEYS, names_point, sweep_point
+from eigtrain.train.sweep_naming import NOT_RESULT_KEYS, names_point, sweep_point
 
 POINT = ["experiment=cpu_debug", "optim.lr=0.05", "seed=1"]
 # Keys that change nothing trained: where and how fast it runs, what it logs, when this invocation stops.
@@ -70,7 +70,7 @@ def test_two_point_multirun_trains_in_two_run_directories_with_different_losses(
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
     out = subprocess.run(
-        [sys.executable, "-m", "eigtrain.train", *args],
+        [sys.executable, "-m", "eigtrain.train.command", *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -144,7 +144,7 @@ def test_a_requeue_that_changes_only_run_keys_resumes_its_point(tmp_path):
         ["checkpoint_every=3", "log_every=2", "data.num_workers=0", "keep_last=1"],
     ):  # the requeue
         out = subprocess.run(
-            [sys.executable, "-m", "eigtrain.train", *common, *extra],
+            [sys.executable, "-m", "eigtrain.train.command", *common, *extra],
             capture_output=True,
             text=True,
             timeout=300,

@@ -11,8 +11,8 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from eigtrain.engine import lr_at
 from eigtrain.schema import ConfigError, SGDConfig
-from eigtrain.train import compose_config
-from eigtrain.train_checks import validate
+from eigtrain.train.checks import validate
+from eigtrain.train.command import compose_config
 
 
 def cfg_with(*overrides):
@@ -86,7 +86,7 @@ def test_hydra_rejects_unknown_keys_and_groups_with_the_options():
 
 def _train_command(tmp_path, *args):
     return subprocess.run(
-        [sys.executable, "-m", "eigtrain.train", *args],
+        [sys.executable, "-m", "eigtrain.train.command", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from eigtrain.engine import build_engine, build_optimizer, lr_at
-from eigtrain.metrics_log import MetricsLog
 from eigtrain.models import build_encoder
-from eigtrain.monitor import build_monitor
 from eigtrain.schema import AdamWConfig, EngineConfig, ModelConfig, SGDConfig, WandbConfig
-from eigtrain.train import compose_config
+from eigtrain.train.command import compose_config
+from eigtrain.train.metrics_log import MetricsLog
+from eigtrain.train.monitor import build_monitor
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -23,7 +23,7 @@ from eigtrain.schema import (
     fill_option_defaults,
     objective_schema,
 )
-from eigtrain.train import compose_config
+from eigtrain.train.command import compose_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 GROUPS = {

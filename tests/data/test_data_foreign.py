@@ -19,7 +19,7 @@ from eigtrain.data import CorruptDataError, ShardError, gpu_decode
 from eigtrain.data.gpu_decode import choose_jpeg_device
 from eigtrain.data.write import main as shards_cli
 from eigtrain.schema import ConfigError
-from eigtrain.train_checks import validate
+from eigtrain.train.checks import validate
 from tests.support.foreign_shards import (
     CLASSES,
     PATTERN,
@@ -133,7 +133,7 @@ def test_stop_and_resume_mid_epoch_is_bit_identical(served, tmp_path, world):
 
 @pytest.mark.slow
 def test_training_over_http_resumes_bit_identically_and_leaves_the_users_directory_unchanged(served, tmp_path):
-    from eigtrain.train import compose_config, run
+    from eigtrain.train.command import compose_config, run
 
     directory, base = served
     before = tree_digest(directory)
@@ -154,9 +154,9 @@ def test_training_over_http_resumes_bit_identically_and_leaves_the_users_directo
 def test_rayleigh_ritz_and_embeddings_of_a_run_trained_on_foreign_shards_read_every_sample_once(served, tmp_path):
     from safetensors.torch import load_file
 
-    from eigtrain.embed import embed_split, open_run
-    from eigtrain.rr_job import main as rr_main
-    from eigtrain.train import compose_config, run
+    from eigtrain.export.command import main as rr_main
+    from eigtrain.export.embed import embed_split, open_run
+    from eigtrain.train.command import compose_config, run
 
     directory, base = served
     run_dir = tmp_path / "run"
@@ -171,7 +171,7 @@ def test_rayleigh_ritz_and_embeddings_of_a_run_trained_on_foreign_shards_read_ev
 
 def test_demo_data_is_never_written_into_a_users_directory(served, tmp_path):
     from eigtrain.data.from_config import DataConfigError
-    from eigtrain.train import compose_config, prepare_data
+    from eigtrain.train.command import compose_config, prepare_data
 
     directory, _ = served
     before = tree_digest(directory)
@@ -198,7 +198,7 @@ def test_shard_index_command_writes_a_wids_index_that_replaces_the_scan(served, 
 
 
 def test_config_checks_name_the_key(tmp_path):
-    from eigtrain.train import compose_config
+    from eigtrain.train.command import compose_config
 
     with pytest.raises(ConfigError, match="data.image_fit='sideways' is not allowed; allowed: cover, whole"):
         validate(compose_config(["experiment=cpu_debug", "data.image_fit=sideways"]), 1)
@@ -353,19 +353,23 @@ def test_label_from_a_json_field(tmp_path):
 def test_two_rank_training_over_http_stops_and_resumes_bit_identically(served, tmp_path):
     """DDP on 2 CPU processes under torchrun (gloo): the whole run, then a stop at N/2 and a resume, are the same
     losses and weights bit for bit (the suite's one DDP train + resume path; DeepSpeed's is in tests/train)."""
-    from eigtrain import checkpoint as ckpt
-    from eigtrain.metrics_log import read_metrics
+    from eigtrain.runs import checkpoint as ckpt
+    from eigtrain.train.metrics_log import read_metrics
 
     _, base = served
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
-    check(torchrun(tmp_path, ["-m", "eigtrain.train"], *train_overrides(reference, f"{base}/{PATTERN}")))
+    check(torchrun(tmp_path, ["-m", "eigtrain.train.command"], *train_overrides(reference, f"{base}/{PATTERN}")))
     records = read_metrics(reference)
     assert [r["step"] for r in records] == list(range(1, 7)) and all(r["loss"] is not None for r in records)
     step6 = reference / "checkpoints/step-6"  # torch DCP shards of both ranks beside each rank's trainer state
     assert {"__0_0.distcp", "__1_0.distcp", "rank-0.pt", "rank-1.pt", ckpt.MARKER} <= {p.name for p in step6.iterdir()}
-    check(torchrun(tmp_path, ["-m", "eigtrain.train"], *train_overrides(resumed, f"{base}/{PATTERN}", "stop_after=3")))
+    check(
+        torchrun(
+            tmp_path, ["-m", "eigtrain.train.command"], *train_overrides(resumed, f"{base}/{PATTERN}", "stop_after=3")
+        )
+    )
     assert ckpt.latest_checkpoint(resumed / "checkpoints") == resumed / "checkpoints/step-3"
-    check(torchrun(tmp_path, ["-m", "eigtrain.train"], *train_overrides(resumed, f"{base}/{PATTERN}")))
+    check(torchrun(tmp_path, ["-m", "eigtrain.train.command"], *train_overrides(resumed, f"{base}/{PATTERN}")))
     assert len(losses(reference)) == 6 and losses(resumed) == losses(reference)
     assert_same_final_weights(resumed, reference)
 
@@ -373,7 +377,7 @@ def test_two_rank_training_over_http_stops_and_resumes_bit_identically(served, t
 def test_login_node_check_of_the_readme_imagenette_job(tmp_path):
     """38 shards of 250 on 4 x 8 GPUs with 6 workers each (192 reader slots): runs (workers share shards) unless
     a slot gets less than one batch, which fails before submission with the numbers."""
-    from eigtrain.train import compose_config
+    from eigtrain.train.command import compose_config
 
     pattern = "http://127.0.0.1:9/in-{000000..000037}.tar"  # never contacted: the counts come from the index
     index = tmp_path / "in.json"

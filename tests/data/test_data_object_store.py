@@ -67,7 +67,7 @@ def test_two_rank_one_pass_over_s3_sees_every_sample_exactly_once(bucket, tmp_pa
 
 @pytest.mark.slow
 def test_training_reads_s3_shards(bucket, tmp_path):
-    from eigtrain.train import compose_config, run
+    from eigtrain.train.command import compose_config, run
 
     assert run(compose_config(train_overrides(tmp_path / "run", f"{bucket}/{PATTERN}", "steps=2")))["step"] == 2
 

@@ -48,7 +48,7 @@ def _killed_write(killed, root):
 
 @pytest.mark.slow  # a trainer after a real SIGKILL
 def test_a_killed_demo_data_write_is_written_again_by_the_trainer(killed, tmp_path):
-    from eigtrain.train import main
+    from eigtrain.train.command import main
 
     root = tmp_path / "digits"
     _killed_write(killed, root)

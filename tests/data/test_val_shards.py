@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from eigtrain.evaluate import main as eval_main
-from eigtrain.rr_job import main as rr_main
+from eigtrain.evaluate.command import main as eval_main
+from eigtrain.export.command import main as rr_main
 from eigtrain.schema import ConfigError
-from eigtrain.train_checks import validate
+from eigtrain.train.checks import validate
 from tests.support.foreign_shards import N_TRAIN, N_VAL, TRAIN_PER_CLASS, VAL_PER_CLASS, train_overrides, write_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
@@ -31,7 +31,7 @@ def shards(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(shards, tmp_path_factory):
     """A 2-step run on the train shards with data.val_shards and the online monitor on."""
-    from eigtrain.train import compose_config, run
+    from eigtrain.train.command import compose_config, run
 
     train, val = shards
     run_dir = tmp_path_factory.mktemp("runs") / "run"
@@ -109,7 +109,7 @@ def test_monitor_scores_the_val_shards(trained):
 
 
 def test_config_checks_name_data_val_shards(shards, tmp_path):
-    from eigtrain.train import compose_config
+    from eigtrain.train.command import compose_config
 
     train, val = shards
     base = train_overrides(tmp_path / "run", train)

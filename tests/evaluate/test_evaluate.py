@@ -3,10 +3,10 @@
 import torch
 from PIL import Image
 
-from eigtrain.eval_report import write_report
-from eigtrain.evaluate import adaptive_dimension_table
-from eigtrain.knn import dims_for, knn_accuracy
-from eigtrain.probes import paired_difference, probe_accuracy, probe_correct
+from eigtrain.evaluate.command import adaptive_dimension_table
+from eigtrain.evaluate.probes import paired_difference, probe_accuracy, probe_correct
+from eigtrain.evaluate.report import write_report
+from eigtrain.train.knn import dims_for, knn_accuracy
 from tests.support.finite_kernels import blobs
 
 
@@ -97,10 +97,10 @@ def test_eval_command_on_stored_features_with_retrieval_options(tmp_path, capsys
 
     import numpy as np
 
-    from eigtrain.evaluate import main as eval_main
-    from eigtrain.export import save_export
-    from eigtrain.rayleigh_ritz import solve
-    from eigtrain.rr_moments import RRAccumulator
+    from eigtrain.evaluate.command import main as eval_main
+    from eigtrain.export.files import save_export
+    from eigtrain.export.moments import RRAccumulator
+    from eigtrain.export.rayleigh_ritz import solve
 
     x, y = blobs(d=8)
     acc = RRAccumulator(8)
@@ -140,7 +140,7 @@ def test_eval_command_on_stored_features_with_retrieval_options(tmp_path, capsys
 def test_eval_refuses_to_score_probes_on_the_split_they_are_fitted_on(tmp_path, capsys):
     """test_split=train with train_split=train would print training accuracy as if it were held out: one line, no
     work, nothing written."""
-    from eigtrain.evaluate import main as eval_main
+    from eigtrain.evaluate.command import main as eval_main
 
     out = tmp_path / "ev"
     assert eval_main([f"run_dir={tmp_path / 'run'}", "test_split=train", f"out={out}"]) == 2

@@ -5,7 +5,7 @@ and where it is loose."""
 import numpy as np
 import pytest
 
-from eigtrain.funnels import (
+from eigtrain.evaluate.funnels import (
     Cost,
     PrefixIndex,
     bound_search,
@@ -109,7 +109,7 @@ def test_spectrum_cuts_and_pca_keep_the_full_size_scores():
 
 def test_ivfpq_shortlist_reranked_at_full_size_and_its_cost_counts_every_scanned_code():
     pytest.importorskip("faiss")
-    from eigtrain.funnels import build_ivfpq, ivfpq_funnel_search
+    from eigtrain.evaluate.funnels import build_ivfpq, ivfpq_funnel_search
 
     x, q, w = _data("signed", seed=6, n=300, d=8)
     index = PrefixIndex(x, w)
@@ -125,10 +125,10 @@ def test_eval_reports_retrieval_funnels_on_stored_features_when_asked(tmp_path):
 
     import torch
 
-    from eigtrain.evaluate import main as eval_main
-    from eigtrain.export import save_export
-    from eigtrain.rayleigh_ritz import solve
-    from eigtrain.rr_moments import RRAccumulator
+    from eigtrain.evaluate.command import main as eval_main
+    from eigtrain.export.files import save_export
+    from eigtrain.export.moments import RRAccumulator
+    from eigtrain.export.rayleigh_ritz import solve
     from tests.support.finite_kernels import blobs
 
     x, y = blobs(d=8)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from eigtrain.metrics_log import read_metrics
-from eigtrain.train import compose_config, run
+from eigtrain.train.command import compose_config, run
+from eigtrain.train.metrics_log import read_metrics
 from tests.support.runs import assert_same_final_weights, losses, overrides
 
 

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from eigtrain.accuracy_table import adaptive_dimension_table
-from eigtrain.evaluate import main as eval_main
-from eigtrain.probes import pca_features, probe_accuracy, probe_correct, whiten
-from eigtrain.rr_job import main as rr_main
+from eigtrain.evaluate.command import main as eval_main
+from eigtrain.evaluate.probes import pca_features, probe_accuracy, probe_correct, whiten
+from eigtrain.evaluate.table import adaptive_dimension_table
+from eigtrain.export.command import main as rr_main
 from tests.support.finite_kernels import blobs
 from tests.support.runs import overrides
 
@@ -115,7 +115,7 @@ def test_at_full_dimension_every_method_of_the_report_scores_the_same(digits_roo
     """A small joint-nesting run reduced by eigtrain-rr and evaluated by eigtrain-eval: RR, RR (paper), JN, PCA and RS
     at k = d are the same space (RS: all d coordinates in a random order), so every probe scores them the same, on
     the same test samples; below d they are different subspaces and score differently."""
-    from eigtrain.train import compose_config, run
+    from eigtrain.train.command import compose_config, run
 
     run_dir = tmp_path / "run"
     run(compose_config(overrides(run_dir, digits_root, "steps=4", "nesting=joint", "checkpoint_every=4")))

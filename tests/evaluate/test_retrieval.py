@@ -5,8 +5,14 @@ import numpy as np
 import pytest
 import torch
 
-from eigtrain.probes import fit_pca, pca_features, smallest_k_within
-from eigtrain.retrieval import bytes_per_vector, resolve_backend, retrieval_metrics, search, search_seconds_per_query
+from eigtrain.evaluate.probes import fit_pca, pca_features, smallest_k_within
+from eigtrain.evaluate.retrieval import (
+    bytes_per_vector,
+    resolve_backend,
+    retrieval_metrics,
+    search,
+    search_seconds_per_query,
+)
 
 
 def _labelled(n_train=300, n_test=120, d=12, classes=5, seed=0):

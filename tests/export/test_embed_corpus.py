@@ -10,11 +10,11 @@ import torch
 from safetensors.torch import load_file
 
 from eigtrain.data import read_index
-from eigtrain.embed import embed_split, open_run
-from eigtrain.embed_corpus import main as embed_main
-from eigtrain.embed_corpus import read_embeddings
-from eigtrain.export import load_head
-from eigtrain.rr_job import main as rr_main
+from eigtrain.export.command import main as rr_main
+from eigtrain.export.corpus import main as embed_main
+from eigtrain.export.corpus import read_embeddings
+from eigtrain.export.embed import embed_split, open_run
+from eigtrain.export.files import load_head
 from tests.support.runs import REPO, overrides, run_cli, torchrun
 
 KILL = str(REPO / "tests" / "support" / "embed_kill_wrapper.py")
@@ -25,7 +25,7 @@ SMALL = ["split=val", "chunk_size=50", "batch_size=32", "num_workers=1"]  # 8 ch
 @pytest.fixture(scope="module")
 def trained(digits_root, tmp_path_factory):
     """A 2-step cpu_debug run on digits and its Rayleigh-Ritz export (run_dir/rr)."""
-    from eigtrain.train import compose_config, run
+    from eigtrain.train.command import compose_config, run
 
     run_dir = tmp_path_factory.mktemp("embed") / "run"
     run(compose_config(overrides(run_dir, digits_root, "steps=2", "checkpoint_every=2")))
@@ -109,7 +109,7 @@ def test_two_ranks_give_the_one_rank_vectors(trained, whole, tmp_path):
     variance (measured 8.1e-6 for 2 ranks vs 1 at batch_size=32): equal to float32 rounding, not bitwise."""
     single = [a for a in SMALL if not a.startswith("batch_size=")] + ["batch_size=1"]
     out = tmp_path / "emb2"
-    proc = torchrun(tmp_path, ["-m", "eigtrain.embed_corpus"], f"run_dir={trained}", f"out={out}", *single)
+    proc = torchrun(tmp_path, ["-m", "eigtrain.export.corpus"], f"run_dir={trained}", f"out={out}", *single)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {p.name.split("-chunk")[0] for p in out.glob("rank-*")} == {"rank-0", "rank-1"}
     assert embed_main([f"run_dir={trained}", f"out={tmp_path / 'emb1'}", *single]) == 0
@@ -119,7 +119,7 @@ def test_two_ranks_give_the_one_rank_vectors(trained, whole, tmp_path):
     # killed on 1 rank, resumed on 2: the samples of its complete chunks are not embedded again
     mixed = tmp_path / "mixed"
     assert run_cli([KILL, f"run_dir={trained}", f"out={mixed}", *single], tmp_path).returncode == -9
-    proc = torchrun(tmp_path, ["-m", "eigtrain.embed_corpus"], f"run_dir={trained}", f"out={mixed}", *single)
+    proc = torchrun(tmp_path, ["-m", "eigtrain.export.corpus"], f"run_dir={trained}", f"out={mixed}", *single)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {"rank-0-chunk-00002.safetensors", "rank-1-chunk-00000.safetensors"} <= {p.name for p in mixed.iterdir()}
     mixed_keys, features = read_embeddings(mixed)
@@ -160,7 +160,7 @@ def test_refusals_are_one_line(trained, whole, tmp_path, capsys):
 @pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 def test_any_shards_the_trainer_reads(tmp_path):
     """data.shards=PATTERN: a run trained on webdataset JPEG shards embeds another corpus of such shards."""
-    from eigtrain.train import compose_config, run
+    from eigtrain.train.command import compose_config, run
     from tests.support.foreign_shards import TRAIN_PER_CLASS, train_overrides, write_shards
 
     train = write_shards(tmp_path / "shards", "train", TRAIN_PER_CLASS, 0, TRAIN_PER_CLASS)

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from eigtrain.rayleigh_ritz import solve
-from eigtrain.rr_moments import RRAccumulator
+from eigtrain.export.moments import RRAccumulator
+from eigtrain.export.rayleigh_ritz import solve
 from tests.support.finite_kernels import assert_same_functions, empirical_eigenfunctions, stream, symmetric_pairs
 from tests.support.runs import free_port
 

@@ -8,8 +8,8 @@ import scipy.linalg
 import torch
 from safetensors.torch import load_file
 
-from eigtrain.export import load_head
-from eigtrain.rr_job import main as rr_main
+from eigtrain.export.command import main as rr_main
+from eigtrain.export.files import load_head
 
 
 def _embeddings(tmp_path, n=3000, d=6, seed=0):
@@ -160,7 +160,7 @@ def test_chunked_embeddings_equal_in_memory(tmp_path, kind):
 
 
 def test_ranks_split_chunks_exactly(tmp_path):
-    from eigtrain.rr_job import reduce_embeddings
+    from eigtrain.export.command import reduce_embeddings
 
     _, z1, z2 = _embeddings(tmp_path)
     chunks = _write_chunks(tmp_path / "c", z1, z2, "npy")
@@ -218,7 +218,7 @@ def test_bad_chunks_fail_with_one_message_and_write_nothing(tmp_path, case, mess
 
 
 def test_export_appears_only_when_complete(tmp_path, monkeypatch):
-    import eigtrain.export as export
+    import eigtrain.export.files as export
 
     path, *_ = _embeddings(tmp_path)
     out = tmp_path / "rr"

@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from eigtrain.external_encoder import EncoderSpecError, build_external_encoder
-from eigtrain.rayleigh_ritz import solve
-from eigtrain.rr_job import main as rr_main
-from eigtrain.rr_job import parse_args
+from eigtrain.export.command import main as rr_main
+from eigtrain.export.command import parse_args
+from eigtrain.export.external_encoder import EncoderSpecError, build_external_encoder
+from eigtrain.export.rayleigh_ritz import solve
 from tests.support.ordering import assert_descending_outside_ties
 
 N = 480  # samples in the foreign_shards fixture (tests/conftest.py)
@@ -44,7 +44,7 @@ def _args(shards, out, *extra):
 
 
 def test_timm_model_on_foreign_shards_is_ordered_with_unit_gram(foreign_shards, tmp_path):
-    from eigtrain.embed import reduce_external
+    from eigtrain.export.embed import reduce_external
 
     out = tmp_path / "rr"
     assert rr_main(_args(foreign_shards, out, "num_workers=0", "trivial=keep")) == 0  # the paper's convention: raw span
@@ -93,7 +93,7 @@ def test_timm_model_on_foreign_shards_same_whatever_the_ranks_workers_and_batche
         "--nproc_per_node",
         "2",
         "-m",
-        "eigtrain.rr_job",
+        "eigtrain.export.command",
         *_args(foreign_shards, tmp_path / "two", "num_workers=1"),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

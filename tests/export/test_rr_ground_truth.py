@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from eigtrain.export import load_head
-from eigtrain.rayleigh_ritz import solve
-from eigtrain.rr_job import main as rr_main
-from eigtrain.rr_moments import RRAccumulator
-from eigtrain.rr_prefixes import UNDETERMINED_AT, cut_errors
+from eigtrain.export.command import main as rr_main
+from eigtrain.export.files import load_head
+from eigtrain.export.moments import RRAccumulator
+from eigtrain.export.prefixes import UNDETERMINED_AT, cut_errors
+from eigtrain.export.rayleigh_ritz import solve
 from eigtrain.synthetic.kernels import build_kernel
 from eigtrain.synthetic.sampler import sample_pairs
 from tests.support.known_pairs import SPREAD, feature_correlations, latent_pairs, mixing, write_case
@@ -127,7 +127,7 @@ def test_cut_rule_flags_exact_ties_and_passes_clear_gaps():
 
 def test_the_cholesky_whitening_is_the_range_solve(monkeypatch):
     """A full-rank Gram is whitened by its Cholesky factor (cheaper); the result is the eigendecomposition path's."""
-    import eigtrain.rayleigh_ritz as rr
+    import eigtrain.export.rayleigh_ritz as rr
 
     u1, u2 = latent_pairs(SPREAD[:8], 4000, 0)
     m = mixing("anisotropic", 8, 0)

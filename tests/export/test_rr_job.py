@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 from sklearn.datasets import load_digits
 
 from eigtrain.data import read_index
-from eigtrain.evaluate import main as eval_main
-from eigtrain.rr_job import main as rr_main
-from eigtrain.train import compose_config, run
+from eigtrain.evaluate.command import main as eval_main
+from eigtrain.export.command import main as rr_main
+from eigtrain.train.command import compose_config, run
 from tests.support.ordering import assert_descending_outside_ties
 
 QUIET = ["logging.progress=false", "logging.wandb.mode=disabled"]
@@ -60,7 +60,7 @@ def views_run(tmp_path_factory):
 @pytest.mark.slow
 def test_two_rank_reduction_reads_every_sample_once(views_run):
     run_dir, digits = views_run
-    _torchrun(["eigtrain.rr_job", f"run_dir={run_dir}", f"out={run_dir / 'rr2'}", "num_workers=2"])
+    _torchrun(["eigtrain.export.command", f"run_dir={run_dir}", f"out={run_dir / 'rr2'}", "num_workers=2"])
     manifest = json.loads((run_dir / "rr2" / "manifest.json").read_text())
     assert manifest["n"] == read_index(digits).num_samples("train") == 1438
     assert manifest["source"]["kind"] == "checkpoint" and len(manifest["source"]["sha256"]) == 64
@@ -128,7 +128,7 @@ def pairs_run(tmp_path_factory):
 def test_two_rank_pairs_reduction_equals_single_process(pairs_run):
     run_dir, shards = pairs_run
     assert rr_main([f"run_dir={run_dir}", "mode=svd", f"out={run_dir / 'rr1'}", "num_workers=0"]) == 0
-    _torchrun(["eigtrain.rr_job", f"run_dir={run_dir}", "mode=svd", f"out={run_dir / 'rr2'}", "num_workers=1"])
+    _torchrun(["eigtrain.export.command", f"run_dir={run_dir}", "mode=svd", f"out={run_dir / 'rr2'}", "num_workers=1"])
     one, two = (load_file(str(run_dir / d / "rr.safetensors")) for d in ("rr1", "rr2"))
     sides = {"eigenvalues", "transform", "mean", "right_transform", "right_mean"}  # both conventions; the constant
     assert set(one) == sides | {f"paper_{k}" for k in sides} | {

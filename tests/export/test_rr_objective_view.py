@@ -11,12 +11,12 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from eigtrain.embed import L2Normalized, objective_view
-from eigtrain.export import load_head, save_export
+from eigtrain.export.command import main as rr_main
+from eigtrain.export.embed import L2Normalized, objective_view
+from eigtrain.export.files import load_head, save_export
+from eigtrain.export.moments import RRAccumulator
+from eigtrain.export.rayleigh_ritz import solve
 from eigtrain.models.encoder import PairEncoder
-from eigtrain.rayleigh_ritz import solve
-from eigtrain.rr_job import main as rr_main
-from eigtrain.rr_moments import RRAccumulator
 
 
 def _solved(z1, z2):
@@ -64,9 +64,9 @@ def test_the_export_records_its_input_and_its_head_applies_it(tmp_path):
 
 @pytest.mark.slow
 def test_an_scl_run_is_reduced_and_evaluated_on_its_normalized_embeddings(digits_root, tmp_path, capsys):
-    from eigtrain.embed import embed_split, open_run, reduce_pairs
-    from eigtrain.evaluate import main as eval_main
-    from eigtrain.train import compose_config, run
+    from eigtrain.evaluate.command import main as eval_main
+    from eigtrain.export.embed import embed_split, open_run, reduce_pairs
+    from eigtrain.train.command import compose_config, run
 
     run_dir = tmp_path / "run"
     args = [

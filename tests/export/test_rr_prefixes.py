@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eigtrain.rayleigh_ritz import solve
-from eigtrain.rr_job import main as rr_main
-from eigtrain.rr_job import reduce_embeddings
-from eigtrain.rr_moments import RRAccumulator
-from eigtrain.rr_prefixes import cut_errors, order_ties, tie_groups, undetermined_cuts
+from eigtrain.export.command import main as rr_main
+from eigtrain.export.command import reduce_embeddings
+from eigtrain.export.moments import RRAccumulator
+from eigtrain.export.prefixes import cut_errors, order_ties, tie_groups, undetermined_cuts
+from eigtrain.export.rayleigh_ritz import solve
 
 # correlations of six latent coordinates between the two views: the first two tie, the rest are apart
 RHO = np.array([0.9, 0.9, 0.6, 0.4, 0.2, 0.05])

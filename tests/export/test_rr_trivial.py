@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eigtrain.rayleigh_ritz import solve
-from eigtrain.rr_job import main as rr_main
-from eigtrain.rr_moments import RRAccumulator
+from eigtrain.export.command import main as rr_main
+from eigtrain.export.moments import RRAccumulator
+from eigtrain.export.rayleigh_ritz import solve
 from tests.support.finite_kernels import assert_same_functions, blobs, empirical_eigenfunctions, stream, symmetric_pairs
 
 STATES = 7
@@ -142,7 +142,7 @@ def test_random_resnet18_over_image_shards_exports_without_a_ridge(foreign_shard
 
 
 def test_eval_reports_both_conventions_constant_shares_and_the_spectrum_k(tmp_path):
-    from eigtrain.evaluate import main as eval_main
+    from eigtrain.evaluate.command import main as eval_main
 
     x, y = blobs(d=8)
     x = x + 5.0  # an embedding far from the origin: its span nearly holds the constant, as SCL's does
@@ -198,9 +198,9 @@ def test_quickstart_short_run_exports_an_informative_first_feature(tmp_path, con
     """The quickstart's recipe (SCL, l2-normalized, joint nesting), shortened: the export's feature 1 is not the
     constant, whether training held the constant outside the prefixes (the default) or not. Without it the trained
     span holds the constant, and the paper's convention (what eigtrain-rr exported before) puts it first."""
-    from eigtrain.embed import embed_split, open_run
-    from eigtrain.export import load_head
-    from eigtrain.train import compose_config, run
+    from eigtrain.export.embed import embed_split, open_run
+    from eigtrain.export.files import load_head
+    from eigtrain.train.command import compose_config, run
 
     run_dir = tmp_path / "run"
     run(

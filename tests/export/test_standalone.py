@@ -12,12 +12,12 @@ import torch
 from sklearn.datasets import load_digits
 
 from eigtrain.data import build_augment
-from eigtrain.embed import normalization, open_run
-from eigtrain.export import load_head
-from eigtrain.rr_job import main as rr_main
-from eigtrain.standalone import main as export_main
-from eigtrain.standalone import read_metadata
-from eigtrain.train import compose_config, run
+from eigtrain.export.command import main as rr_main
+from eigtrain.export.embed import normalization, open_run
+from eigtrain.export.files import load_head
+from eigtrain.export.standalone import main as export_main
+from eigtrain.export.standalone import read_metadata
+from eigtrain.train.command import compose_config, run
 from tests.support.runs import clean_env
 
 QUIET = ["logging.progress=false", "logging.wandb.mode=disabled"]
@@ -74,7 +74,7 @@ def exported_run(tmp_path_factory):
 
 
 def eigtrain_pipeline(run_dir, images_uint8):
-    """The ordered features as eigtrain computes them (eigtrain.embed.embed_split, then the export's head)."""
+    """The ordered features as eigtrain computes them (eigtrain.export.embed.embed_split, then the export's head)."""
     trained = open_run(str(run_dir))
     data = trained.cfg.data
     normalize = build_augment("none", image_size=data.view_size, **normalization(data))

@@ -3,7 +3,7 @@
 import torch
 
 from eigtrain import dist
-from eigtrain.rr_job import select_device as rr_device
+from eigtrain.export.command import select_device as rr_device
 
 
 def _env(local_rank, local_world=4):

@@ -198,7 +198,7 @@ def test_image_folder_shards_of_any_size_feed_the_trainer_at_a_fixed_image_size(
     from bench_gpu import write_image_shards
 
     from eigtrain.data.from_config import prepare_data
-    from eigtrain.train import compose_config
+    from eigtrain.train.command import compose_config
 
     root = write_image_shards(tmp_path, 12, 8, "png")
     cfg = compose_config(["experiment=cpu_debug", f"data.root={root}", "data.image_size=[8,8]", "data.image_fit=whole"])
@@ -219,14 +219,14 @@ def test_device_wheels_never_empties_a_folder_it_did_not_write(tmp_path):
 
 
 def test_every_gpu_training_step_names_only_known_config_keys_and_values():
-    from eigtrain.train import compose_config
-    from eigtrain.train_checks import validate
+    from eigtrain.train.checks import validate
+    from eigtrain.train.command import compose_config
 
     steps = gpu_check.cuda_steps("python", Path("runs"), Path("logs"))
-    trained = [s for s in steps if "eigtrain.train" in s.argv]
+    trained = [s for s in steps if "eigtrain.train.command" in s.argv]
     assert {s.name[0] for s in trained} == {"a", "e"}
     for step in trained:
-        overrides = step.argv[step.argv.index("eigtrain.train") + 1 :]
+        overrides = step.argv[step.argv.index("eigtrain.train.command") + 1 :]
         cfg = compose_config([o.replace("device=cuda", "device=cpu") for o in overrides])  # raises on a bad key/value
         validate(cfg, world_size=1)  # raises on a value out of its choices
         assert cfg.steps == 6, step.name

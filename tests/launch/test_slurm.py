@@ -63,7 +63,7 @@ def sbatch_options(*overrides: str) -> list[str]:
     """The #SBATCH lines eigtrain-train would submit for these overrides (submitit writes them)."""
     from eigtrain.launch.slurm import make_executor
 
-    from eigtrain.train import compose_config
+    from eigtrain.train.command import compose_config
 
     cfg = compose_config(["experiment=cpu_debug", "launcher=slurm", "run_dir=/tmp/r", *overrides])
     text = make_executor(cfg.launcher)._executor._make_submission_file_text("true", "uid")
@@ -117,7 +117,7 @@ def test_a_request_no_node_can_hold_is_refused_before_submission(slurm_cluster, 
 def test_the_issues_two_task_job_on_a_small_node_is_one_line_from_eigtrain_train(slurm_cluster, tmp_path, monkeypatch):
     """launcher=slurm launcher.tasks_per_node=2 with the default cpus_per_task (data.num_workers + 1): more CPUs than
     the node has -> eigtrain-train ends with one config-error line, and nothing is submitted."""
-    from eigtrain.train import main
+    from eigtrain.train.command import main
 
     workers = node_cpus() - 1  # cpus_per_task = workers + 1 = the node's CPUs; 2 tasks need twice that
     monkeypatch.setattr(
@@ -181,7 +181,7 @@ def test_slurm_sweep_submits_one_job_per_point_with_the_default_resources(slurm_
         [
             sys.executable,
             "-m",
-            "eigtrain.train",
+            "eigtrain.train.command",
             "-m",
             "experiment=cpu_debug",
             "optim.lr=0.05,0.1",
@@ -418,7 +418,7 @@ def test_requeues_are_bounded(slurm_cluster, tmp_path, save_on_signal):
 
 
 def training_config(run_dir: Path, data_root: Path, *overrides: str):
-    from eigtrain.train import compose_config
+    from eigtrain.train.command import compose_config
 
     return compose_config(
         [
@@ -453,8 +453,8 @@ def test_training_job_checkpoints_and_resumes_after_requeue_to_the_same_weights(
     from eigtrain.launch import launch
     from safetensors.torch import load_file
 
-    from eigtrain.checkpoint import complete_checkpoints
-    from eigtrain.train import run
+    from eigtrain.runs.checkpoint import complete_checkpoints
+    from eigtrain.train.command import run
 
     data = tmp_path / "data"  # written by the first job's rank 0 (write_if_missing)
     whole = training_config(tmp_path / "whole", data)

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eigtrain.embed import embed_split, open_run
+from eigtrain.evaluate.probes import constant_share
+from eigtrain.export.embed import embed_split, open_run
 from eigtrain.objectives import build_objective
-from eigtrain.probes import constant_share
-from eigtrain.train import compose_config, run
+from eigtrain.train.command import compose_config, run
 
 # A positive-pair kernel on 4 points with uniform marginals: k = P+/(p p) = 1 + sum_i lam_i psi_i psi_i^T with
 # psi_i the Walsh functions (mean zero, unit mean square): its top eigenfunction is the constant, eigenvalue 1.

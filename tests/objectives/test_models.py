@@ -84,7 +84,7 @@ def test_unknown_backbone_and_wrong_input_kind_are_clear_errors():
 
 def test_resnet_runs_use_sync_batch_norm_on_several_gpus_unless_switched_off(caplog):
     from eigtrain.models import use_sync_batch_norm
-    from eigtrain.train import compose_config
+    from eigtrain.train.command import compose_config
 
     def kinds(model):
         return (

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from eigtrain.export.moments import RRAccumulator
+from eigtrain.export.rayleigh_ritz import solve
 from eigtrain.objectives import build_objective
-from eigtrain.rayleigh_ritz import solve
-from eigtrain.rr_moments import RRAccumulator
 
 NX, NA, D = 12, 10, 3
 PLANTED = [0.3, 0.2, 0.1]  # below the constant mode's singular value 1

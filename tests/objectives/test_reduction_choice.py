@@ -139,8 +139,8 @@ def test_the_reduction_is_a_typed_objective_key_with_its_default_and_checked():
 
 def test_every_objective_config_takes_the_reduction_keys_without_a_plus():
     from eigtrain.objectives import OBJECTIVES, Objective
-    from eigtrain.train import compose_config
-    from eigtrain.train_checks import validate
+    from eigtrain.train.checks import validate
+    from eigtrain.train.command import compose_config
 
     for name in OBJECTIVES:  # every option file holds the keys, with the class defaults (its schema's)
         composed = compose_config([f"objective={name}"]).objective
@@ -160,7 +160,7 @@ def test_two_rank_training_is_the_same_through_either_route(digits_root, tmp_pat
         check(
             torchrun(
                 tmp_path,
-                ["-m", "eigtrain.train"],
+                ["-m", "eigtrain.train.command"],
                 *overrides(
                     run_dir,
                     digits_root,

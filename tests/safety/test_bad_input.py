@@ -99,7 +99,7 @@ class Outcome:
 
 def rr(world: World, *args: str) -> Outcome:
     """eigtrain-rr with the tiny encoder over data.shards (the args' `data.shards=` etc.), in this process."""
-    from eigtrain.rr_job import main
+    from eigtrain.export.command import main
 
     base = ["num_workers=0", "batch_size=4", "device=cpu"]
     if not any(a.startswith(("run_dir=", "checkpoint=")) for a in args):  # a run brings its encoder and data
@@ -122,7 +122,7 @@ def rr(world: World, *args: str) -> Outcome:
 
 def train(world: World, *overrides: str) -> Outcome:
     """eigtrain-train (Hydra app) in this process: its exit code and one-line message."""
-    from eigtrain.train import main
+    from eigtrain.train.command import main
 
     saved = sys.argv
     sys.argv = ["eigtrain-train", *overrides]
@@ -424,7 +424,7 @@ def bit_flipped_newest_step(world):
     data = shard.read_bytes()
     shard.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])  # same size: only a checksum sees it
     outcome = train_small(world, run, local(world, "good-{0..1}.tar"), "dim=4")
-    from eigtrain.checkpoint_verify import check_step
+    from eigtrain.runs.checkpoint_verify import check_step
 
     check_step(step_of(run, 2))  # step 2 written again, from step 1
     return outcome
@@ -439,7 +439,7 @@ def truncated_metadata(world):
 def planted_pickle(world):
     import pickle
 
-    from eigtrain.checkpoint_verify import write_checksums
+    from eigtrain.runs.checkpoint_verify import write_checksums
 
     run, marker = small_run(world), world.tmp / "code-ran"
 
@@ -455,7 +455,7 @@ def planted_pickle(world):
 
 
 def second_trainer(world):
-    from eigtrain.run_lock import RunLock
+    from eigtrain.runs.lock import RunLock
 
     run = small_run(world, "steps=1")
     lock = RunLock(run)  # a trainer still running there (this process holds the lock)
@@ -474,7 +474,7 @@ def resume_another_objective(world):
 
 
 def eval_other_weights_export(world):
-    from eigtrain.evaluate import main
+    from eigtrain.evaluate.command import main
 
     run = small_run(world)
     assert rr(world, f"checkpoint={step_of(run, 1)}", f"out={world.tmp / 'rr-step-1'}").code == 0

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture(scope="module")
 def unfinished(tmp_path_factory, digits_root):
     """A run stopped at step 2 of 4 (stop_after=2): checkpoints/step-2, no model.safetensors."""
-    from eigtrain.train import main
+    from eigtrain.train.command import main
 
     run_dir = tmp_path_factory.mktemp("runs") / "unfinished"
     argv = sys.argv
@@ -57,13 +57,13 @@ def _command(main, argv) -> tuple[int, str]:
 
 
 def rr(*argv):
-    from eigtrain.rr_job import main
+    from eigtrain.export.command import main
 
     return _command(main, ["num_workers=0", "batch_size=64", *argv])
 
 
 def evaluate(*argv):
-    from eigtrain.evaluate import main
+    from eigtrain.evaluate.command import main
 
     return _command(main, ["probe=closed_form", "random_draws=0", "retrieval=none", *argv])
 
@@ -131,7 +131,7 @@ def _shard_with_a_latin1_key(path, prefix: str, n: int, bad: int):
 def test_a_shard_key_that_is_not_utf8_is_read_as_its_bytes(tmp_path):
     """eigtrain-rr failed with "'utf-8' codec can't encode character '\\udce9'", naming no shard; a key is the tar's
     bytes, so its per-sample seed and half are those bytes' hash (the same on every rank and worker)."""
-    from eigtrain.embed import key_folds, sample_generators
+    from eigtrain.export.embed import key_folds, sample_generators
 
     for i in range(2):
         _shard_with_a_latin1_key(tmp_path / f"s-{i}.tar", f"k{i}", 6, bad=3)

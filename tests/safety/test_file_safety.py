@@ -9,13 +9,13 @@ import tarfile
 import numpy as np
 import pytest
 
-from eigtrain import checkpoint as ckpt
 from eigtrain.data.sample_counts import shard_counts
 from eigtrain.data.write import main as shards_main
-from eigtrain.eval_report import write_report
-from eigtrain.export import EXPORT_FORMAT
-from eigtrain.output_dirs import RUN_MARK, claim_run_dir
-from eigtrain.rr_job import main as rr_main
+from eigtrain.evaluate.report import write_report
+from eigtrain.export.command import main as rr_main
+from eigtrain.export.files import EXPORT_FORMAT
+from eigtrain.runs import checkpoint as ckpt
+from eigtrain.runs.output_dirs import RUN_MARK, claim_run_dir
 from eigtrain.schema import TrainConfig
 
 
@@ -129,7 +129,7 @@ def test_a_stale_partial_save_of_eigtrain_is_still_cleaned_up(tmp_path):
 
 def test_training_refuses_a_run_dir_holding_user_files(tmp_path):
     from eigtrain.schema import ConfigError
-    from eigtrain.train import compose_config, run
+    from eigtrain.train.command import compose_config, run
 
     run_dir = tmp_path / "thesis"
     run_dir.mkdir()
@@ -240,7 +240,7 @@ def test_a_slurm_log_folder_inside_the_run_dir_is_eigtrains(tmp_path):
 
 
 def test_eval_refuses_a_foreign_out_before_any_work(tmp_path, capsys):
-    from eigtrain.evaluate import main as eval_main
+    from eigtrain.evaluate.command import main as eval_main
 
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "paper.pdf").write_bytes(b"%PDF")

@@ -9,9 +9,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from eigtrain.data.pipe_trust import PipeNotAllowed, check_saved_sources, runs_command
-from eigtrain.embed import embed_split, open_run
-from eigtrain.evaluate import main as eval_main
-from eigtrain.rr_job import main as rr_main
+from eigtrain.evaluate.command import main as eval_main
+from eigtrain.export.command import main as rr_main
+from eigtrain.export.embed import embed_split, open_run
 from tests.support.foreign_shards import N_TRAIN, TRAIN_PER_CLASS, VAL_PER_CLASS, train_overrides, write_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """(run dir, train pattern, val pattern) of a 1-step run on local shards."""
-    from eigtrain.train import compose_config, run
+    from eigtrain.train.command import compose_config, run
 
     directory = tmp_path_factory.mktemp("shards")
     train = write_shards(directory, "train", TRAIN_PER_CLASS, 0, TRAIN_PER_CLASS)

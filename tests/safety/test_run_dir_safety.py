@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from eigtrain.checkpoint import MARKER, OWNER
-from eigtrain.checkpoint_verify import write_checksums
+from eigtrain.runs.checkpoint import MARKER, OWNER
+from eigtrain.runs.checkpoint_verify import write_checksums
 from tests.safety import test_bad_input as bad_input
 from tests.safety.test_bad_input import _last_line, _redirect_stderr, local, rr, train_small
 from tests.support.fault_server import FaultServer
@@ -63,7 +63,7 @@ def plant(path: Path, marker: Path) -> None:
 
 
 def eval_(world, *args: str):
-    from eigtrain.evaluate import main
+    from eigtrain.evaluate.command import main
 
     stderr = io.StringIO()
     with _redirect_stderr(stderr):
@@ -149,7 +149,7 @@ def test_export_dir_planted_pickles_never_run(world, template):
 
 def test_rr_reads_a_step_the_trainer_prunes_meanwhile(world, template, monkeypatch, caplog):
     """keep-k pruning while eigtrain-rr reads a step: the step is kept until the read ends, and rr completes."""
-    from eigtrain import checkpoint as ckpt
+    from eigtrain.runs import checkpoint as ckpt
 
     run = trained(world, template)
     read = ckpt.load_encoder

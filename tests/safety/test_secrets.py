@@ -130,7 +130,7 @@ def signed_shards(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_over_signed_urls_persists_the_token_nowhere(signed_shards, tmp_path, capsys):
-    from eigtrain.rr_job import main as rr_main
+    from eigtrain.export.command import main as rr_main
     from tests.support.foreign_shards import train_overrides
 
     sweep = tmp_path / "sweep"
@@ -141,7 +141,7 @@ def test_a_run_over_signed_urls_persists_the_token_nowhere(signed_shards, tmp_pa
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
     env.update(WANDB_MODE="offline", WANDB_SILENT="true")
     out = subprocess.run(
-        [sys.executable, "-m", "eigtrain.train", "-m", *overrides, *mine],
+        [sys.executable, "-m", "eigtrain.train.command", "-m", *overrides, *mine],
         capture_output=True,
         text=True,
         timeout=400,
@@ -202,7 +202,7 @@ def test_a_one_line_error_of_eigtrain_train_carries_no_credential(corrupt_signed
         [
             sys.executable,
             "-m",
-            "eigtrain.train",
+            "eigtrain.train.command",
             "experiment=cpu_debug",
             f"run_dir={tmp_path / 'r'}",
             f"data.shards='{corrupt_signed_shards}'",
@@ -222,7 +222,7 @@ def test_a_one_line_error_of_eigtrain_train_carries_no_credential(corrupt_signed
 
 
 def test_eigtrain_rr_errors_carry_no_credential(corrupt_signed_shards, tmp_path, capsys):
-    from eigtrain.rr_job import main as rr_main
+    from eigtrain.export.command import main as rr_main
 
     assert (
         rr_main(
@@ -302,7 +302,7 @@ def test_a_pipe_command_with_credentials_leaves_them_in_no_file_of_a_run(tmp_pat
         [
             sys.executable,
             "-m",
-            "eigtrain.train",
+            "eigtrain.train.command",
             "experiment=cpu_debug",
             f"run_dir={run_dir}",
             f"data.shards='{command}'",

@@ -7,7 +7,7 @@ import sys
 
 from safetensors.torch import save_file
 
-import eigtrain.embed_corpus as embed_corpus
+import eigtrain.export.corpus as embed_corpus
 
 original, calls = embed_corpus.write_chunk, [0]
 

@@ -6,7 +6,7 @@ import signal
 
 from torch import nn
 
-import eigtrain.train as train_module
+import eigtrain.train.command as train_module
 
 
 class Faulty(nn.Module):

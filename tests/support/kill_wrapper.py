@@ -7,10 +7,10 @@ import os
 import signal
 import sys
 
-import eigtrain.checkpoint as ckpt
+import eigtrain.runs.checkpoint as ckpt
 from eigtrain.engine.ddp import DDPEngine
 from eigtrain.engine.deepspeed_zero import DeepSpeedEngine
-from eigtrain.train import main
+from eigtrain.train.command import main
 
 
 def _die():

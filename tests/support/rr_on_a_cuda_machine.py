@@ -7,7 +7,7 @@ import torch
 
 torch.cuda.is_available = lambda: True
 
-from eigtrain.rr_job import main  # noqa: E402  (after the patch, as on the GPU machine)
+from eigtrain.export.command import main  # noqa: E402  (after the patch, as on the GPU machine)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

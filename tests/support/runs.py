@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from eigtrain.metrics_log import read_metrics
+from eigtrain.train.metrics_log import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 # The program of a subprocess that kills itself at a chosen step or checkpoint (see its docstring)

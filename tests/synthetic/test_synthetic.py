@@ -229,7 +229,7 @@ class _ExactFeatures(torch.nn.Module):
 def test_vicreg_is_compared_with_the_centered_kernels_eigenpairs():
     """VICReg's features are centered (its loss and the paper's F.2): they estimate psi_2..psi_(d+1), and
     every extraction of a VICReg run centers them, so its numbers do not depend on the arbitrary offsets."""
-    from eigtrain.rr_moments import RRAccumulator
+    from eigtrain.export.moments import RRAccumulator
     from eigtrain.synthetic.extract import accumulate_pairs, evaluate, extract_all, target_first
 
     kernel, d = build_kernel("legendre", 8), 4

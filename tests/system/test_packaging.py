@@ -43,7 +43,7 @@ def test_wheel_installed_in_a_fresh_venv_trains_elsewhere_and_holds_configs_and_
 
 
 def test_configs_load_from_the_package_from_any_directory(tmp_path, monkeypatch):
-    from eigtrain.train import CONFIG_PACKAGE, compose_config
+    from eigtrain.train.command import CONFIG_PACKAGE, compose_config
 
     monkeypatch.chdir(tmp_path)
     assert CONFIG_PACKAGE == "eigtrain.configs"

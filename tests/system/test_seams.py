@@ -25,9 +25,9 @@ from safetensors.torch import load_file
 from sklearn.datasets import load_digits
 
 from eigtrain.data.write import main as write_shards_cli
-from eigtrain.evaluate import main as eval_main
-from eigtrain.metrics_log import read_metrics
-from eigtrain.rr_job import main as rr_main
+from eigtrain.evaluate.command import main as eval_main
+from eigtrain.export.command import main as rr_main
+from eigtrain.train.metrics_log import read_metrics
 from tests.support.foreign_shards import (
     LABELLED_CLASSES,
     N_TRAIN,
@@ -156,7 +156,7 @@ def split_source(data, source, split) -> str:
 @pytest.fixture(scope="module")
 def runs(data, tmp_path_factory):
     """One 2-step SCL run per source, the online monitor scoring split val at step 2."""
-    from eigtrain.train import compose_config, run
+    from eigtrain.train.command import compose_config, run
 
     out = {}
     for source in SOURCES:
@@ -371,7 +371,7 @@ def test_rr_embedding_files(layout, tmp_path):
 def test_deepspeed_single_process_run_is_ordered_and_evaluated(data, tmp_path):
     """Also engine.channels_last=true (the default for ResNets on CUDA): DeepSpeed's start-up broadcast of every
     parameter as a byte view failed on channels_last weights (H200, 2026-11-26); the CPU takes the same path."""
-    from eigtrain.train import compose_config, run
+    from eigtrain.train.command import compose_config, run
 
     run_dir = tmp_path / "ds"
     ds = ("engine=deepspeed", "engine.channels_last=true")
@@ -388,7 +388,7 @@ def test_two_rank_training_over_http_then_two_rank_rr(data, tmp_path):
     run_dir = tmp_path / "two"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     train = subprocess.run(
-        [*torchrun, "-m", "eigtrain.train", *COMMON, f"run_dir={run_dir}", *source_overrides(data, "http")],
+        [*torchrun, "-m", "eigtrain.train.command", *COMMON, f"run_dir={run_dir}", *source_overrides(data, "http")],
         env=clean_env(),
         capture_output=True,
         text=True,
@@ -401,7 +401,7 @@ def test_two_rank_training_over_http_then_two_rank_rr(data, tmp_path):
         [
             *torchrun,
             "-m",
-            "eigtrain.rr_job",
+            "eigtrain.export.command",
             f"run_dir={run_dir}",
             "split=val",
             "num_workers=1",
@@ -430,7 +430,7 @@ def test_two_rank_training_over_http_then_two_rank_rr(data, tmp_path):
 def test_rr_folds_hold_the_same_samples_on_one_and_two_ranks(runs, data, source):
     """The per-fold statistics behind the manifest's `cuts` (sample-keyed folds) are the same for 1 rank x 2 workers
     and 2 ranks x 1 worker, as the whole export is (compared on the moments)."""
-    from eigtrain.embed import open_run, reduce_pairs
+    from eigtrain.export.embed import open_run, reduce_pairs
 
     run = open_run(str(runs[source]))
     one, _ = reduce_pairs(run, "val", 8, 2, 0, 1, folds=4)
@@ -446,7 +446,7 @@ def test_rr_folds_hold_the_same_samples_on_one_and_two_ranks(runs, data, source)
 
 
 def test_a_sweep_point_is_named_alike_however_its_shards_are_quoted():
-    from eigtrain.sweep_naming import sweep_point
+    from eigtrain.train.sweep_naming import sweep_point
 
     plain, quoted = "data.shards=/d/train-0.tar", "data.shards='/d/train-0.tar'"
     double = 'data.shards="/d/train-0.tar"'
@@ -463,7 +463,7 @@ def test_a_sweep_over_quoted_shards_then_rr_and_eval_of_a_point(data, tmp_path):
         [
             sys.executable,
             "-m",
-            "eigtrain.train",
+            "eigtrain.train.command",
             "-m",
             *COMMON,
             f"run_dir={sweep}",
@@ -495,7 +495,7 @@ def test_rr_embedding_files_refuse_a_split_they_do_not_have(tmp_path, capsys):
 
 def test_a_monitor_split_missing_from_data_root_is_a_config_error_before_the_run_starts(data, tmp_path):
     from eigtrain.schema import ConfigError
-    from eigtrain.train import compose_config, run
+    from eigtrain.train.command import compose_config, run
 
     run_dir = tmp_path / "run"
     cfg = compose_config([*COMMON, f"run_dir={run_dir}", *source_overrides(data, "root"), "monitor.val_split=test"])

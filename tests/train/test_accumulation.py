@@ -264,12 +264,12 @@ def test_deepspeed_accumulation_1_and_4_give_the_same_loss_and_update(tmp_path):
 def test_trainer_names_the_batchnorm_caveat_once_and_the_losses_differ(digits_root, tmp_path, caplog):
     """cpu_debug's tiny CNN has BatchNorm: 64 x 1 and 16 x 4 give different step-1 losses for the same weights and
     batch, and the accumulated run says why, once, at start."""
-    from eigtrain.train import compose_config, run
+    from eigtrain.train.command import compose_config, run
 
     losses = {}
     for micro in (64, 16):
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="eigtrain.train"):
+        with caplog.at_level(logging.WARNING, logger="eigtrain.train.command"):
             cfg = compose_config(
                 overrides(tmp_path / f"run{micro}", digits_root, "steps=1", f"micro_batch_size={micro}")
             )

@@ -10,12 +10,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from eigtrain import checkpoint as ckpt
-from eigtrain import random_state
-from eigtrain.checkpoint_read import WeightsOnlyLoadPlanner
 from eigtrain.engine.ddp import DDPEngine
 from eigtrain.models import build_encoder
+from eigtrain.runs import checkpoint as ckpt
+from eigtrain.runs.checkpoint_read import WeightsOnlyLoadPlanner
 from eigtrain.schema import TrainConfig
+from eigtrain.train import random_state
 
 OPTIM = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "grad_clip": 3.0}
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from eigtrain import checkpoint as ckpt
-from eigtrain.checkpoint_read import CheckpointReadError
-from eigtrain.checkpoint_verify import CHECKSUMS, check_step, newest_verified
-from eigtrain.lineage import LINEAGE_FILE, check_resume
-from eigtrain.run_lock import RunDirInUse, RunLock, pinned
+from eigtrain.runs import checkpoint as ckpt
+from eigtrain.runs.checkpoint_read import CheckpointReadError
+from eigtrain.runs.checkpoint_verify import CHECKSUMS, check_step, newest_verified
+from eigtrain.runs.lineage import LINEAGE_FILE, check_resume
+from eigtrain.runs.lock import RunDirInUse, RunLock, pinned
 from eigtrain.schema import TrainConfig
 from tests.train.test_checkpoint import _engine, _train
 
@@ -147,10 +147,10 @@ import json, pickle, shutil, sys
 from pathlib import Path
 import torch
 from safetensors.torch import load_file
-import eigtrain.train as train_module
-from eigtrain import checkpoint as ckpt
-from eigtrain.checkpoint_read import CheckpointReadError
-from eigtrain.checkpoint_verify import write_checksums
+import eigtrain.train.command as train_module
+from eigtrain.runs import checkpoint as ckpt
+from eigtrain.runs.checkpoint_read import CheckpointReadError
+from eigtrain.runs.checkpoint_verify import write_checksums
 train_module.run(train_module.compose_config(sys.argv[2:]))
 run, out = Path(sys.argv[1]), {}
 weights, final = ckpt.model_weights(run / "checkpoints/step-2"), load_file(str(run / "model.safetensors"))

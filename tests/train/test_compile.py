@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from eigtrain.train import compose_config, run
+from eigtrain.train.command import compose_config, run
 from tests.support.runs import losses, overrides
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from eigtrain import checkpoint as ckpt
+from eigtrain.runs import checkpoint as ckpt
 from eigtrain.schema import TrainConfig
 
 OPTIM = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0}

@@ -103,7 +103,7 @@ def test_tf32_flags_stay_readable_for_inductor():
 def test_deterministic_turns_autotuning_off_and_back_on(monkeypatch):
     """engine.deterministic=true: a resumed process must pick the same kernels as the uninterrupted one (with
     autotuning an H200 resumed fp32 losses 1.8e-5 off); the flag reaches the trainer's CUDA set-up."""
-    from eigtrain.train import compose_config
+    from eigtrain.train.command import compose_config
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     saved = (
@@ -276,8 +276,8 @@ DEEPSPEED_WITHOUT_OVERFLOW_CHECK = """
 import json, sys
 import torch
 import deepspeed.runtime.zero.stage_1_and_2 as zero
-import eigtrain.train as train_module
-from eigtrain import checkpoint as ckpt
+import eigtrain.train.command as train_module
+from eigtrain.runs import checkpoint as ckpt
 from tests.support.faulty import Faulty
 # A DeepSpeed whose fp32 ZeRO optimizer does not look for inf/NaN gradients (the check is version-dependent).
 zero.DeepSpeedZeroOptimizer.check_overflow = lambda self, *a, **k: setattr(self, "overflow", False)
@@ -314,7 +314,7 @@ def test_rr_with_several_ranks_takes_its_backend_from_the_device():
 
 def test_channels_last_is_on_by_default_for_convolutional_backbones_on_cuda():
     from eigtrain.engine.base import use_channels_last
-    from eigtrain.train import compose_config
+    from eigtrain.train.command import compose_config
 
     assert compose_config(["experiment=cpu_debug", "run_dir=x"]).engine.channels_last is None  # the default: auto
     resnet = torchvision.models.resnet18()

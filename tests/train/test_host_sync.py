@@ -17,8 +17,8 @@ import torch.distributed as torch_dist
 from eigtrain import dist
 from eigtrain.data import augment as augment_module
 from eigtrain.data.write import main as write_shards_cli
-from eigtrain.metrics_log import Throughput
-from eigtrain.train import compose_config, run
+from eigtrain.train.command import compose_config, run
+from eigtrain.train.metrics_log import Throughput
 from tests.support.runs import overrides
 
 STEPS = 8

@@ -12,12 +12,13 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 
-from eigtrain import dist, train
-from eigtrain.checkpoint import Checkpointer
-from eigtrain.metrics_log import Reporter, Throughput
-from eigtrain.monitor import MonitorSchedule
+from eigtrain import dist
+from eigtrain.runs.checkpoint import Checkpointer
 from eigtrain.schema import TrainConfig
-from eigtrain.train_state import NonFiniteError, TrainState
+from eigtrain.train import command as train
+from eigtrain.train.metrics_log import Reporter, Throughput
+from eigtrain.train.monitor import MonitorSchedule
+from eigtrain.train.state import NonFiniteError, TrainState
 
 
 def saves(checkpoints: Checkpointer, last_step: int, skipped=()) -> list[int]:

@@ -3,7 +3,7 @@
 import sys
 import types
 
-from eigtrain.metrics_log import WANDB_EIGENVALUES, MetricsLog, read_metrics
+from eigtrain.train.metrics_log import WANDB_EIGENVALUES, MetricsLog, read_metrics
 
 
 class _FakeRun:

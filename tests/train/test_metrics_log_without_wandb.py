@@ -3,7 +3,7 @@
 import logging
 import sys
 
-from eigtrain.metrics_log import MetricsLog, read_metrics
+from eigtrain.train.metrics_log import MetricsLog, read_metrics
 
 
 def test_metrics_log_without_wandb_logs_to_jsonl_and_says_so_once(tmp_path, monkeypatch, caplog):

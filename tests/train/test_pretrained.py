@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from eigtrain.models import build_encoder
 from eigtrain.models.pretrained import PretrainedWeightsError, load_pretrained, resolve_pretrained
-from eigtrain.train import compose_config, run
+from eigtrain.train.command import compose_config, run
 from tests.support.runs import overrides, run_cli
 
 VIT_B16 = "timm:vit_base_patch16_224"  # ViT-B/16's architecture; the kwargs below make it CPU-sized
@@ -57,7 +57,7 @@ def test_vit_b16_trains_from_a_local_pretrained_file(digits_root, pretrained_fil
 def test_missing_weights_file_is_one_line_before_any_work(digits_root, tmp_path):
     missing = tmp_path / "nowhere" / "vit_b16.safetensors"
     args = vit_overrides(tmp_path / "run", digits_root, f"model.pretrained={missing}")
-    proc = run_cli(["-m", "eigtrain.train", *args], tmp_path, timeout=120)
+    proc = run_cli(["-m", "eigtrain.train.command", *args], tmp_path, timeout=120)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(missing) in lines[0] and "no such file" in lines[0], proc.stderr[-2000:]

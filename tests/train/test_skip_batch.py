@@ -8,8 +8,8 @@ from safetensors.torch import load_file
 
 from eigtrain.data import CorruptDataError, write_shards
 from eigtrain.data.sources import png_bytes
-from eigtrain.metrics_log import read_metrics
-from eigtrain.train import compose_config, run
+from eigtrain.train.command import compose_config, run
+from eigtrain.train.metrics_log import read_metrics
 from tests.support.runs import check, run_cli, torchrun
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
@@ -83,7 +83,7 @@ def test_past_max_corrupt_the_run_stops_with_one_line(tmp_path):
     with pytest.raises(CorruptDataError, match=f"{SHARD} unusable samples .* more than max_corrupt={SHARD - 1}"):
         run(compose_config(overrides(tmp_path / "run", root, f"data.max_corrupt={SHARD - 1}")))
     cli = run_cli(
-        ["-m", "eigtrain.train", *overrides(tmp_path / "cli", root, f"data.max_corrupt={SHARD - 1}")], tmp_path
+        ["-m", "eigtrain.train.command", *overrides(tmp_path / "cli", root, f"data.max_corrupt={SHARD - 1}")], tmp_path
     )
     assert cli.returncode != 0
     last = cli.stderr.strip().splitlines()[-1]
@@ -98,7 +98,7 @@ def test_two_ranks_skip_the_step_where_only_one_rank_got_the_bad_batch(tmp_path,
     root = write_data(tmp_path / "data", shards=4)  # 2 shards per rank: the corrupt one goes to one rank only
     run_dir = tmp_path / "run"
     args = overrides(run_dir, root, f"data.max_corrupt={SHARD}", f"engine={engine}", world=2)
-    check(torchrun(tmp_path, ["-m", "eigtrain.train"], *args, timeout=240))
+    check(torchrun(tmp_path, ["-m", "eigtrain.train.command"], *args, timeout=240))
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [1, 2]
     assert records[-1]["skipped_batches"] == 1 and records[-1]["skipped_steps"] == 0

@@ -33,7 +33,7 @@ def test_a_stop_signal_saves_at_the_step_boundary_and_leaves_with_one_line(digit
     workers = 0 if signum == signal.SIGTERM else 2
     args = overrides(run_dir, digits_root, "steps=100000", "checkpoint_every=100000", f"data.num_workers={workers}")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "eigtrain.train", *args],
+        [sys.executable, "-m", "eigtrain.train.command", *args],
         cwd=tmp_path,
         env=clean_env(),
         stdout=subprocess.PIPE,
@@ -61,7 +61,7 @@ def test_a_stop_signal_saves_at_the_step_boundary_and_leaves_with_one_line(digit
         [
             sys.executable,
             "-m",
-            "eigtrain.train",
+            "eigtrain.train.command",
             *args[:-3],
             f"steps={step + 1}",
             f"data.num_workers={workers}",

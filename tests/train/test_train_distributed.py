@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from eigtrain import checkpoint as ckpt
-from eigtrain.metrics_log import read_metrics
+from eigtrain.runs import checkpoint as ckpt
+from eigtrain.train.metrics_log import read_metrics
 from tests.support.runs import (
     KILL_WRAPPER,
     REPO,
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 def test_deepspeed_zero2_two_processes_sigkill_and_resume_bit_identical(digits_root, tmp_path):
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
     ds = ("engine=deepspeed", "engine.zero_stage=2")
-    check(torchrun(tmp_path, ["-m", "eigtrain.train"], *overrides(reference, digits_root, *ds)))
+    check(torchrun(tmp_path, ["-m", "eigtrain.train.command"], *overrides(reference, digits_root, *ds)))
     step6 = reference / "checkpoints/step-6"
     assert {
         "zero_pp_rank_0_mp_rank_00_optim_states.pt",
@@ -42,7 +42,7 @@ def test_deepspeed_zero2_two_processes_sigkill_and_resume_bit_identical(digits_r
     assert killed.returncode != 0 and "SIGKILL" in killed.stderr, killed.stderr[-3000:]
     assert time.monotonic() - start < 240  # rank 1 does not hang after rank 0 died
     assert ckpt.latest_checkpoint(resumed / "checkpoints") == resumed / "checkpoints/step-4"
-    check(torchrun(tmp_path, ["-m", "eigtrain.train"], *overrides(resumed, digits_root, *ds)))
+    check(torchrun(tmp_path, ["-m", "eigtrain.train.command"], *overrides(resumed, digits_root, *ds)))
     assert losses(resumed) == losses(reference)
     assert_same_final_weights(resumed, reference)
 
@@ -50,8 +50,8 @@ def test_deepspeed_zero2_two_processes_sigkill_and_resume_bit_identical(digits_r
 DEEPSPEED_NAN = """
 import json, sys
 import torch
-import eigtrain.train as train_module
-from eigtrain import checkpoint as ckpt
+import eigtrain.train.command as train_module
+from eigtrain.runs import checkpoint as ckpt
 from tests.support.faulty import Faulty
 build = train_module.build_objective
 train_module.build_objective = lambda *a, **k: Faulty(build(*a, **k), nan_loss_calls={3}, nan_grad_calls={4})

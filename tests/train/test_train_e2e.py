@@ -7,12 +7,12 @@ import signal
 import pytest
 import torch
 
-import eigtrain.train as train_module
-from eigtrain import checkpoint as ckpt
+import eigtrain.train.command as train_module
 from eigtrain import dist
-from eigtrain.metrics_log import read_metrics
 from eigtrain.objectives import build_objective
-from eigtrain.train import NonFiniteError, compose_config, run
+from eigtrain.runs import checkpoint as ckpt
+from eigtrain.train.command import NonFiniteError, compose_config, run
+from eigtrain.train.metrics_log import read_metrics
 from tests.support.faulty import faulty_objectives
 from tests.support.runs import KILL_WRAPPER, assert_same_final_weights, losses, overrides, run_cli
 

@@ -1,6 +1,6 @@
 """What k features are worth to a classifier: linear probes (SGD or closed form) on frozen features, PCA of an
 embedding, weighted kNN, the smallest k within X points, each feature's constant share and the k the spectrum
-suggests. Pure tensor code: eigtrain-eval (`eigtrain.evaluate`) and the online monitor call it."""
+suggests. Pure tensor code: eigtrain-eval (`eigtrain.evaluate.command`) and the online monitor call it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from .rr_prefixes import spectral_k_report
+from eigtrain.export.prefixes import spectral_k_report
 
 F32 = torch.float32
 

@@ -18,8 +18,8 @@ from typing import Any, Iterator, Mapping, cast
 
 import torch
 
-from eigtrain.checkpoint import MODEL_INFO_NAME
 from eigtrain.redact import redact_config, redacted_argv
+from eigtrain.runs.checkpoint import MODEL_INFO_NAME
 from eigtrain.schema import WandbConfig, typed
 
 WANDB_MODES = ("offline", "online", "disabled")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .objectives.nesting import mrl_prefixes
+from eigtrain.objectives.nesting import mrl_prefixes
 
 F32 = torch.float32
 

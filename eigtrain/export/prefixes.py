@@ -27,9 +27,8 @@ from dataclasses import replace
 
 import torch
 
-from eigtrain.rr_moments import RRAccumulator
-
-from .rayleigh_ritz import RRResult, fix_signs
+from eigtrain.export.moments import RRAccumulator
+from eigtrain.export.rayleigh_ritz import RRResult, fix_signs
 
 CUT_LIMIT = 256  # cuts tested: after features 1 .. 256 (the prefixes users cut at; bounds the cost at large d)
 UNDETERMINED_AT = 0.05  # a cut's estimated ||sin Theta||_F^2 at or above it: the order there is not determined

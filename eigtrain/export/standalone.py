@@ -70,10 +70,9 @@ class StandaloneModel(nn.Module):
 def build_standalone(run_dir: str | os.PathLike, rr_dir: str | os.PathLike | None = None) -> tuple[nn.Module, dict]:
     """The standalone model of a run (eval mode, CPU) and its metadata. The encoder is read from the very weights
     the Rayleigh-Ritz export was computed from (its manifest's source), checked by their sha256."""
-    from eigtrain.checksums import file_sha256
-
-    from .embed import normalization, open_run
-    from .export import MANIFEST, TENSORS, load_head
+    from eigtrain.export.embed import normalization, open_run
+    from eigtrain.export.files import MANIFEST, TENSORS, load_head
+    from eigtrain.runs.checksums import file_sha256
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
@@ -228,8 +227,8 @@ def export_standalone(cfg: ExportConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .cli import compose_dataclass
-    from .redact import redact_url
+    from eigtrain.cli import compose_dataclass
+    from eigtrain.redact import redact_url
 
     try:
         cfg = compose_dataclass(ExportConfig, sys.argv[1:] if argv is None else argv).validate()

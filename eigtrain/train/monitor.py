@@ -2,7 +2,7 @@
 
 Rank 0 embeds (un-augmented, eval mode, no graph) up to ``max_train_samples`` of the labelled bank split and up
 to ``max_val_samples`` of the validation split with the current encoder, and scores the weighted cosine kNN of
-`eigtrain.probes.knn_accuracy` on the first k coordinates for k in {4, 8, ..., dim}. The encoder returns to
+`eigtrain.evaluate.probes.knn_accuracy` on the first k coordinates for k in {4, 8, ..., dim}. The encoder returns to
 train mode and every RNG to its state afterwards, so a monitored run trains exactly like an unmonitored one.
 The splits are those of data.root's index, or, for a run on data.shards, data.shards (split train) and
 data.val_shards (split val): a monitor on data.shards without data.val_shards is a config error, never a kNN
@@ -18,14 +18,14 @@ from typing import Any, Mapping, cast
 import torch
 from torch import nn
 
-from eigtrain import random_state
 from eigtrain.data import build_augment
 from eigtrain.data.augment import NORMALIZATION
 from eigtrain.data.from_config import build_stream, check_splits
-from eigtrain.knn import dims_for, knn_accuracy
 from eigtrain.schema import DataConfig, MonitorConfig, typed
+from eigtrain.train import random_state
+from eigtrain.train.knn import dims_for, knn_accuracy
 
-log = logging.getLogger("eigtrain.monitor")
+log = logging.getLogger("eigtrain.train.monitor")
 
 
 class MonitorSchedule:

@@ -1,6 +1,6 @@
 """Adaptive-dimension evaluation: what each dimension of an embedding is worth.
 
-The table itself: eigtrain.accuracy_table.
+The table itself: eigtrain.evaluate.table.
 """
 
 from __future__ import annotations
@@ -8,21 +8,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from eigtrain.knn import dims_for
-
-from . import retrieval
-from .accuracy_table import adaptive_dimension_table
-from .dist import resolve_env, select_device
-from .eval_report import write_report
-from .output_dirs import EVAL_ENTRIES, check_output_dir
-from .probes import spectrum_report
-from .provenance import export_provenance
-from .redact import redact_url
-from .run_step import weights_record
+from eigtrain.dist import resolve_env, select_device
+from eigtrain.evaluate import retrieval
+from eigtrain.evaluate.probes import spectrum_report
+from eigtrain.evaluate.report import write_report
+from eigtrain.evaluate.table import adaptive_dimension_table
+from eigtrain.export.embed import RunDataConfig
+from eigtrain.redact import redact_url
+from eigtrain.runs.output_dirs import EVAL_ENTRIES, check_output_dir
+from eigtrain.runs.provenance import export_provenance
+from eigtrain.runs.run_step import weights_record
+from eigtrain.train.knn import dims_for
 
 # -- eigtrain-eval ---------------------------------------------------------------------------------
 USAGE = """eigtrain-eval: adaptive-dimension evaluation of a trained run or of stored features.
@@ -45,16 +44,6 @@ given here replace the run's; a pipe: source in the run's saved config runs only
 
 
 @dataclass
-class EvalDataConfig:
-    """The command line's data sources for the runs evaluated (None: each run's saved config.yaml)."""
-
-    shards: Any = None  # replaces the run's data.shards (pattern or list)
-    val_shards: Any = None  # replaces the run's data.val_shards: the held-out shards scored as split val
-    shard_index: str | None = None  # a wids index of the shards' sample counts
-    allow_pipe: bool = False  # run pipe: sources read back from a run's saved config.yaml
-
-
-@dataclass
 class EvalConfig:
     run_dir: str | None = None  # the run evaluated (its newest verified weights, its data)
     features: str | None = None  # instead of a run: an .npz of train_z, train_y, test_z, test_y
@@ -73,8 +62,10 @@ class EvalConfig:
     retrieval: str = "auto"  # auto (FAISS when installed, else torch) | torch | faiss | none
     retrieval_draws: int = 5  # random subsets averaged for RS retrieval
     allow_foreign_export: bool = False  # score through an export solved on other weights (stated in the report)
-    retrieval_funnels: bool = False  # report.json's retrieval_funnels: adaptive retrieval over RR (eigtrain.funnels)
-    data: EvalDataConfig = field(default_factory=EvalDataConfig)  # data sources replacing the run's saved ones
+    retrieval_funnels: bool = (
+        False  # report.json's retrieval_funnels: adaptive retrieval over RR (eigtrain.evaluate.funnels)
+    )
+    data: RunDataConfig = field(default_factory=RunDataConfig)  # data sources replacing the run's saved ones
 
 
 def _load_features(path: str):
@@ -90,8 +81,8 @@ def _load_features(path: str):
 
 
 def evaluate(cfg) -> tuple[dict, dict]:
-    from .embed import check_split, command_line_data, embed_split, open_run
-    from .export import MANIFEST
+    from eigtrain.export.embed import check_split, command_line_data, embed_split, open_run
+    from eigtrain.export.files import MANIFEST
 
     if bool(cfg.run_dir) == bool(cfg.features):
         raise ValueError("give exactly one of run_dir= or features=")
@@ -151,7 +142,7 @@ def evaluate(cfg) -> tuple[dict, dict]:
     report["input"] = run.output if cfg.run_dir else "features"  # embeddings as the objective saw them, or a file's
     report["weights"] = [weights_record(r) for r in runs] if cfg.run_dir else []  # which step each run was scored at
     if "rr" in train and cfg.run_dir:
-        report["rr_export"] = provenance  # whose weights the export was solved on (eigtrain.provenance)
+        report["rr_export"] = provenance  # whose weights the export was solved on (eigtrain.runs.provenance)
     if head is not None and rr_dir:  # the k the export's spectrum suggests, beside the k the probes measured
         report["spectrum"] = spectrum_report(head.eigenvalues, dims, report["smallest_k"].get("RR", {}))
         manifest = json.loads((Path(rr_dir) / MANIFEST).read_text())
@@ -160,7 +151,7 @@ def evaluate(cfg) -> tuple[dict, dict]:
     if cfg.retrieval_funnels:  # recall@10 vs cost of prefix searches, funnels and the exact bound-based early stop
         if head is None:
             raise ValueError("retrieval_funnels=true needs a Rayleigh-Ritz export (rr=DIR, or the run's rr/)")
-        from eigtrain.funnels import funnel_report
+        from eigtrain.evaluate.funnels import funnel_report
 
         rr_train, rr_test, lam = train["rr"].numpy(), test["rr"].numpy(), head.eigenvalues.numpy()
         report["retrieval_funnels"] = funnel_report(rr_train, rr_test, lam, dims)
@@ -173,7 +164,7 @@ def _rr_features(cfg, rr_dir: Path, run, train: dict, test: dict):
     export holds the paper's convention too), after checking the export fits this run: its head and provenance."""
     from safetensors import safe_open
 
-    from .export import load_head
+    from eigtrain.export.files import load_head
 
     provenance = None
     head = load_head(rr_dir, dtype=torch.float64)
@@ -188,7 +179,7 @@ def _rr_features(cfg, rr_dir: Path, run, train: dict, test: dict):
             f"embeddings, but this run's objective sees {run.output.replace('_', '-')} ones: run eigtrain-rr "
             f"again (overwrite=true)"
         )
-    if run is not None:  # the export must be of the weights scored here (eigtrain.provenance)
+    if run is not None:  # the export must be of the weights scored here (eigtrain.runs.provenance)
         provenance = export_provenance(Path(rr_dir), run.weights, run.weights_sha256, cfg.allow_foreign_export)
     train["rr"], test["rr"] = head(train["raw"].double()).float(), head(test["raw"].double()).float()
     if "paper_transform" in safe_open(str(Path(rr_dir) / "rr.safetensors"), "pt").keys():  # both conventions
@@ -200,7 +191,7 @@ def _rr_features(cfg, rr_dir: Path, run, train: dict, test: dict):
 def main(argv: list[str] | None = None) -> int:
     import sys
 
-    from .cli import compose_dataclass
+    from eigtrain.cli import compose_dataclass
 
     args = sys.argv[1:] if argv is None else argv
     if args in (["-h"], ["--help"]):

@@ -5,7 +5,7 @@
     eigtrain-rr checkpoint=DIR/step-N ...
     eigtrain-rr run_dir=DIR split=val [data.val_shards=PATTERN]   # a data.shards run: its held-out shards
     eigtrain-rr embeddings=FILE.npz out=DIR      # black-box embeddings: arrays z1, z2 (N x d) of positive pairs
-    eigtrain-rr embeddings=DIR out=DIR           # the same, streamed from chunks (see eigtrain.embedding_files)
+    eigtrain-rr embeddings=DIR out=DIR           # the same, streamed from chunks (see eigtrain.export.embedding_files)
     eigtrain-rr encoder=timm:NAME [encoder.checkpoint=FILE] data.root=DIR|data.shards=PATTERN data.augment=imagenet out=DIR
     eigtrain-rr encoder=module:pkg.mod:factory [encoder.kwargs.KEY=VALUE] data.root=DIR ... out=DIR
 
@@ -25,17 +25,16 @@ from typing import Any
 
 import torch
 
-from eigtrain.checksums import file_sha256, files_sha256
-from eigtrain.rr_moments import RRAccumulator
-
-from . import dist as edist
-from . import embedding_files
-from .cli import compose_dataclass
-from .export import check_export_target, rr_manifest, save_export
-from .rayleigh_ritz import MODES, TRIVIAL, centered, solve
-from .redact import redact_url
-from .rr_prefixes import cut_errors, cuts_report, order_ties, tie_groups, undetermined_cuts
-from .run_step import describe
+from eigtrain import dist as edist
+from eigtrain.cli import compose_dataclass
+from eigtrain.export import embedding_files
+from eigtrain.export.files import check_export_target, rr_manifest, save_export
+from eigtrain.export.moments import RRAccumulator
+from eigtrain.export.prefixes import cut_errors, cuts_report, order_ties, tie_groups, undetermined_cuts
+from eigtrain.export.rayleigh_ritz import MODES, TRIVIAL, centered, solve
+from eigtrain.redact import redact_url
+from eigtrain.runs.checksums import file_sha256, files_sha256
+from eigtrain.runs.run_step import describe
 
 TIES = ("eigenvalue", "variance")  # inside an undetermined group: eigenvalue order, or (a departure) variance order
 
@@ -136,7 +135,7 @@ class RRJobConfig:
                     "encoder= with data.shards needs data.image_size (every image is brought to it before "
                     "the views are cut; e.g. data.image_size=224)"
                 )
-            from .data.augment import PRESETS  # image data only: embedding files never load the image stack
+            from eigtrain.data.augment import PRESETS  # image data only: embedding files never load the image stack
 
             if self.data.augment not in PRESETS:
                 raise ValueError(f"data.augment={self.data.augment!r} is unknown; allowed: {', '.join(PRESETS)}")
@@ -278,12 +277,12 @@ def run(cfg: RRJobConfig) -> dict:
         }
         out = Path(cfg.out)
     elif cfg.encoder.name:
-        from .embed import reduce_external
+        from eigtrain.export.embed import reduce_external
 
         acc, expected, source = reduce_external(cfg, env, device)
         out = Path(cfg.out)
     else:
-        from .embed import reduce_encoder  # needs the trainer's checkpoint loading
+        from eigtrain.export.embed import reduce_encoder  # needs the trainer's checkpoint loading
 
         acc, expected, source, default_out = reduce_encoder(cfg, env, pairs, device)
         out = Path(cfg.out or default_out)

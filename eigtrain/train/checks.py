@@ -3,7 +3,7 @@
 Every failure is one ``ConfigError`` naming the key and the allowed values. Unknown keys and bad types are
 `check`'s job (eigtrain.schema.check); this adds the choices (the schema's Literal aliases, each equal to the
 registry that uses it: tests/config/test_schema_leaf.py) and the combinations a type cannot express. It sits beside
-the entry point that composes the groups (eigtrain.train), above the schema, which imports nothing of eigtrain's.
+the entry point that composes the groups (eigtrain.train.command), above the schema, which imports nothing of eigtrain's.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def _describe(holder: str) -> str:
 
 
 def _pin_file(step: Path) -> Path | None:
-    from eigtrain.checkpoint import MARKER, OWNER
+    from eigtrain.runs.step_dirs import MARKER, OWNER
 
     for name in (OWNER, MARKER):
         if (Path(step) / name).is_file():
@@ -98,7 +98,7 @@ def pinned(step: Path) -> Iterator[bool]:
     """Hold a shared lock on checkpoint `step` while reading it; yields whether it is still complete once pinned (a
     pruner may have deleted it meanwhile: then read another). A step whose files cannot be opened for locking (a
     read-only copy nobody prunes) is read unpinned."""
-    from eigtrain.checkpoint import is_complete
+    from eigtrain.runs.step_dirs import is_complete
 
     file = _pin_file(step)
     try:

@@ -1,5 +1,5 @@
 """Rayleigh-Ritz's sufficient statistics: float64 means and centered co-moments of positive pairs, merged
-exactly (Chan's parallel update) across batches, workers, ranks and folds (eigtrain.rayleigh_ritz solves them)."""
+exactly (Chan's parallel update) across batches, workers, ranks and folds (eigtrain.export.rayleigh_ritz solves them)."""
 
 from __future__ import annotations
 

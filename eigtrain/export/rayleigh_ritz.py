@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .rr_moments import RRAccumulator
+from eigtrain.export.moments import RRAccumulator
 
 MODES = ("generalized", "paper-rq", "paper-vicreg", "paper-lora", "svd")
 TRIVIAL = ("exclude", "keep")

@@ -2,12 +2,12 @@
 
 A checkpoint directory holds
   - the engine's sharded model + optimizer state (torch.distributed.checkpoint or DeepSpeed files),
-  - ``rank-R.pt`` per rank: RNG states (eigtrain.random_state) and the data cursor (differ between ranks),
+  - ``rank-R.pt`` per rank: RNG states (eigtrain.train.random_state) and the data cursor (differ between ranks),
   - ``trainer.json``: step, samples seen, skip counter, wandb run id (same on all ranks),
-  - ``checksums.json``: every file's sha256 (eigtrain.checkpoint_verify), written by rank 0 before the marker,
+  - ``checksums.json``: every file's sha256 (eigtrain.runs.checkpoint_verify), written by rank 0 before the marker,
   - ``COMPLETE``, written by rank 0 only after every rank finished writing.
 Discovery ignores directories without the marker, so a save killed half-way is never chosen; resume and readers
-take the newest step that verifies. Nothing is unpickled beyond plain data (eigtrain.checkpoint_read).
+take the newest step that verifies. Nothing is unpickled beyond plain data (eigtrain.runs.checkpoint_read).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any, Mapping
@@ -24,43 +23,26 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
-from eigtrain.checkpoint_read import load_tensors, model_weights, read_json, reading
-from eigtrain.checkpoint_verify import newest_verified, write_checksums
+from eigtrain.runs.checkpoint_read import load_tensors, model_weights, read_json, reading
+from eigtrain.runs.checkpoint_verify import newest_verified, write_checksums
+from eigtrain.runs.step_dirs import (  # the step directories' names and discovery, here for callers of this module
+    MARKER,
+    OWNER,
+    _step_dirs,
+    complete_checkpoints,
+    is_complete,
+    latest_checkpoint,
+    step_dir,
+)
 from eigtrain.schema import TrainConfig
 
-__all__ = ["model_weights"]  # read by eigtrain.embed and the tests from here
+__all__ = [
+    "model_weights",
+    "complete_checkpoints",
+    "latest_checkpoint",
+    "step_dir",
+]  # read by eigtrain.export.embed and the tests from here
 log = logging.getLogger(__name__)
-
-MARKER = "COMPLETE"
-OWNER = ".eigtrain-checkpoint"  # written first into every step directory: only those are ever deleted
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return Path(root) / f"step-{step}"
-
-
-def _step_dirs(root: Path) -> list[tuple[int, Path]]:
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
-    return sorted(found)
-
-
-def is_complete(path: Path) -> bool:
-    return (Path(path) / MARKER).is_file()
-
-
-def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """(step, directory) of every complete checkpoint under ``root``, oldest first."""
-    return [(s, p) for s, p in _step_dirs(root) if is_complete(p)]
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint, or None."""
-    done = complete_checkpoints(root)
-    return done[-1][1] if done else None
 
 
 def _sync(f) -> None:
@@ -123,9 +105,9 @@ def _claim_step_dir(path: Path) -> str:
 
 
 def _delete(paths: list[Path]) -> list[Path]:
-    """Delete the step directories eigtrain wrote and no reader holds (eigtrain.run_lock); warn about (and keep) any
+    """Delete the step directories eigtrain wrote and no reader holds (eigtrain.runs.lock); warn about (and keep) any
     other."""
-    from eigtrain.run_lock import unpinned
+    from eigtrain.runs.lock import unpinned
 
     deleted = []
     for p in paths:
@@ -280,7 +262,7 @@ def load_encoder(run_dir: Path, step_path: Path | None = None) -> torch.nn.Modul
     from safetensors.torch import load_file
 
     from eigtrain.models import build_encoder
-    from eigtrain.saved_config import load_saved_config
+    from eigtrain.runs.saved_config import load_saved_config
 
     run_dir = Path(run_dir)
     cfg = load_saved_config(run_dir / "config.yaml")
@@ -297,10 +279,10 @@ def load_encoder(run_dir: Path, step_path: Path | None = None) -> torch.nn.Modul
 
 def read_encoder(run_dir: Path, step_path: Path | None) -> tuple[torch.nn.Module, str]:
     """`load_encoder` and the sha256 of the weights read (the export file, or every file of the step), the step
-    pinned meanwhile so that a trainer still pruning this run cannot delete it mid-read (eigtrain.run_lock)."""
-    from eigtrain.checkpoint_read import CheckpointReadError
-    from eigtrain.checksums import file_sha256, files_sha256
-    from eigtrain.run_lock import pinned
+    pinned meanwhile so that a trainer still pruning this run cannot delete it mid-read (eigtrain.runs.lock)."""
+    from eigtrain.runs.checkpoint_read import CheckpointReadError
+    from eigtrain.runs.checksums import file_sha256, files_sha256
+    from eigtrain.runs.lock import pinned
 
     if step_path is None:
         return load_encoder(run_dir, None), file_sha256(Path(run_dir) / EXPORT_NAME)

@@ -1,7 +1,7 @@
 """eigtrain-train: pretrain an encoder on shards with any objective and nesting (Hydra entry point).
 
     eigtrain-train experiment=cpu_debug                                   # one CPU process, seconds
-    torchrun --nproc_per_node 8 -m eigtrain.train experiment=cifar10_scl  # one node
+    torchrun --nproc_per_node 8 -m eigtrain.train.command experiment=cifar10_scl  # one node
     eigtrain-train experiment=cifar10_scl launcher=slurm launcher.nodes=4 launcher.gpus_per_node=8
 
 Data flows one way: shards -> loader (decode only) -> device -> augmentation -> encoder -> objective.
@@ -21,30 +21,31 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from eigtrain import checkpoint as ckpt
-from eigtrain import dist, random_state
+from eigtrain import dist
 from eigtrain.data import CorruptDataError, build_augment
 from eigtrain.data import from_config as data_setup
 from eigtrain.engine import build_engine, lr_at
 from eigtrain.engine.base import LossFn, accumulation_caveat, enable_cuda_fast_paths
-from eigtrain.lineage import check_resume
-from eigtrain.metrics_log import MetricsLog, Progress, Reporter, stable_run_id, write_run_records
 from eigtrain.models import build_encoder, use_sync_batch_norm
 from eigtrain.models.pretrained import load_pretrained
-from eigtrain.monitor import build_monitor
 from eigtrain.objectives import build_objective
-from eigtrain.output_dirs import claim_run_dir
 from eigtrain.redact import redact_config, redact_logs, redact_url, redact_yaml_file
-from eigtrain.run_lock import WriterSlot
+from eigtrain.runs import checkpoint as ckpt
+from eigtrain.runs.lineage import check_resume
+from eigtrain.runs.lock import WriterSlot
+from eigtrain.runs.output_dirs import claim_run_dir
 from eigtrain.schema import ConfigError, DataConfig, TrainConfig, train_config
-from eigtrain.step_inputs import StepInputs
-from eigtrain.sweep_naming import register_resolvers
-from eigtrain.train_checks import batch_split, validate
-from eigtrain.train_state import NonFiniteError, RankState, TrainState
+from eigtrain.train import random_state
+from eigtrain.train.checks import batch_split, validate
+from eigtrain.train.metrics_log import MetricsLog, Progress, Reporter, stable_run_id, write_run_records
+from eigtrain.train.monitor import build_monitor
+from eigtrain.train.state import NonFiniteError, RankState, TrainState
+from eigtrain.train.step_inputs import StepInputs
+from eigtrain.train.sweep_naming import register_resolvers
 
 CONFIG_PACKAGE = "eigtrain.configs"  # configs/ of the repository, shipped inside the package (pyproject.toml)
 register_resolvers()  # before any composition of configs/train.yaml
-log = logging.getLogger("eigtrain.train")
+log = logging.getLogger("eigtrain.train.command")
 
 
 def compose_config(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:
@@ -184,7 +185,7 @@ def _setup(
     micro_batch, accum = batches
     run_dir = Path(cfg.run_dir)
     folder = cfg.launcher.folder if cfg.launcher.name == "slurm" else None  # its logs: written before the job started
-    # before anything else: a directory of eigtrain's, and no other trainer writing it (eigtrain.run_lock)
+    # before anything else: a directory of eigtrain's, and no other trainer writing it (eigtrain.runs.lock)
     refused = dist.broadcast_object((claim_run_dir(run_dir, folder) or writer.take(run_dir)) if rank0 else None)
     if refused:
         raise ConfigError(refused)

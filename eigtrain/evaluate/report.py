@@ -7,9 +7,9 @@ import json
 import os
 from pathlib import Path
 
-from .output_dirs import EVAL_ENTRIES, check_output_dir
-from .provenance import provenance_line
-from .run_step import describe
+from eigtrain.runs.output_dirs import EVAL_ENTRIES, check_output_dir
+from eigtrain.runs.provenance import provenance_line
+from eigtrain.runs.run_step import describe
 
 
 def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> dict[str, Path]:
@@ -35,7 +35,7 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     if report.get("weights"):  # which step each run was scored at (an unfinished run's newest checkpoint)
         used = [f"{w['run_dir']} at {describe(w['weights'], w['step'], w['steps'])}" for w in report["weights"]]
         lines += [f"Weights: {'; '.join(used)}.", ""]
-    if report.get("rr_export"):  # whose weights the export was solved on (eigtrain.provenance)
+    if report.get("rr_export"):  # whose weights the export was solved on (eigtrain.runs.provenance)
         lines += [provenance_line(report["rr_export"]), ""]
     lines.append("| Methods \\ Dims | " + " | ".join(str(k) for k in dims) + " |")
     lines.append("|---|" + "---|" * len(dims))
@@ -212,7 +212,7 @@ def _constant_and_spectrum_lines(report: dict) -> list[str]:
                 f"| {label} | {row['k']} | {row['k_on_grid']} | {'yes' if row['agrees_1pt'] else 'no'} | "
                 f"{'yes' if row['agrees_5pt'] else 'no'} |"
             )
-    cuts = report.get("rr_cuts")  # which cuts of the export the data determine (eigtrain.rr_prefixes)
+    cuts = report.get("rr_cuts")  # which cuts of the export the data determine (eigtrain.export.prefixes)
     if cuts:
         bad = ", ".join(str(k) for k in cuts["undetermined"]) or "none"
         lines += [

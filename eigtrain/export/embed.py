@@ -14,20 +14,19 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.nn import functional as F
 
-from eigtrain.checksums import file_sha256
-from eigtrain.rr_moments import RRAccumulator
-
-from .checkpoint import EXPORT_NAME, read_encoder
-from .checkpoint_verify import check_step, newest_verified
-from .data import ShardStream, build_augment, read_index
-from .data.augment import NORMALIZATION
-from .data.from_config import DataConfigError, build_stream, split_shards, split_source, uses_shards
-from .data.pipe_trust import SOURCE_KEYS, check_saved_sources
-from .models.encoder import PairEncoder
-from .redact import saved_value_usable
-from .run_step import weights_record
-from .saved_config import load_saved_config
-from .schema import DataConfig, typed_option
+from eigtrain.data import ShardStream, build_augment, read_index
+from eigtrain.data.augment import NORMALIZATION
+from eigtrain.data.from_config import DataConfigError, build_stream, split_shards, split_source, uses_shards
+from eigtrain.data.pipe_trust import SOURCE_KEYS, check_saved_sources
+from eigtrain.export.moments import RRAccumulator
+from eigtrain.models.encoder import PairEncoder
+from eigtrain.redact import saved_value_usable
+from eigtrain.runs.checkpoint import EXPORT_NAME, read_encoder
+from eigtrain.runs.checkpoint_verify import check_step, newest_verified
+from eigtrain.runs.checksums import file_sha256
+from eigtrain.runs.run_step import weights_record
+from eigtrain.runs.saved_config import load_saved_config
+from eigtrain.schema import DataConfig, typed_option
 
 
 @dataclass
@@ -240,7 +239,7 @@ def embed_split(run: TrainedRun, split: str, batch_size: int = 512, num_workers:
 
 
 def reduce_encoder(cfg, env, pairs: bool, device):
-    """The eigtrain-rr path for a run directory or checkpoint (see eigtrain.rr_job)."""
+    """The eigtrain-rr path for a run directory or checkpoint (see eigtrain.export.command)."""
     run = open_run(cfg.run_dir, cfg.checkpoint, device, data=command_line_data(cfg.data))
     data_source = check_split(run, cfg.split)
     used = weights_record(run)  # which step: eigtrain-rr prints it, the manifest records it
@@ -264,6 +263,16 @@ def reduce_encoder(cfg, env, pairs: bool, device):
     return acc, expected, source, run.run_dir / "rr"
 
 
+@dataclass
+class RunDataConfig:
+    """The command line's data sources for the runs read by eigtrain-eval and eigtrain-embed (None: each run's saved config.yaml)."""
+
+    shards: Any = None  # replaces the run's data.shards (pattern or list)
+    val_shards: Any = None  # replaces the run's data.val_shards: the held-out shards scored as split val
+    shard_index: str | None = None  # a wids index of the shards' sample counts
+    allow_pipe: bool = False  # run pipe: sources read back from a run's saved config.yaml
+
+
 def command_line_data(data) -> dict[str, Any]:
     """The data keys of an eigtrain-rr / -eval command line that `open_run` applies to a saved run."""
     return {key: getattr(data, key) for key in (*SOURCE_KEYS, "allow_pipe")}
@@ -271,8 +280,8 @@ def command_line_data(data) -> dict[str, Any]:
 
 def reduce_external(cfg, env, device):
     """The eigtrain-rr path for any model (encoder=timm:NAME | module:pkg.mod:factory) over image shards: two
-    views per image from the augmentation preset data.augment, one pass (see eigtrain.rr_job)."""
-    from .external_encoder import build_external_encoder, check_embedding, embedding_dim
+    views per image from the augmentation preset data.augment, one pass (see eigtrain.export.command)."""
+    from eigtrain.export.external_encoder import build_external_encoder, check_embedding, embedding_dim
 
     data, spec = cfg.data, cfg.encoder.name
     stream, expected, meta = _external_stream(cfg, env)

@@ -13,10 +13,10 @@ import logging
 import os
 from pathlib import Path
 
-from eigtrain.checkpoint_read import CheckpointReadError
-from eigtrain.checksums import file_sha256
+from eigtrain.runs.checkpoint_read import CheckpointReadError
+from eigtrain.runs.checksums import file_sha256
 
-log = logging.getLogger("eigtrain.checkpoint")
+log = logging.getLogger("eigtrain.runs.checkpoint")
 
 CHECKSUMS = "checksums.json"
 
@@ -71,7 +71,7 @@ def verify(path: Path, marker: dict) -> str:
 
 def read_marker(path: Path) -> dict | None:
     """The step's COMPLETE marker as a dict, or None when it cannot be read (then the step is not complete)."""
-    from eigtrain.checkpoint import MARKER
+    from eigtrain.runs.step_dirs import MARKER
 
     try:
         marker = json.loads((Path(path) / MARKER).read_text())
@@ -82,7 +82,7 @@ def read_marker(path: Path) -> dict | None:
 
 def check_step(path: Path) -> None:
     """Refuse (CheckpointReadError, one line) a step directory that is not complete or does not verify."""
-    from eigtrain.checkpoint import MARKER
+    from eigtrain.runs.step_dirs import MARKER
 
     marker = read_marker(path)
     if marker is None:
@@ -96,7 +96,7 @@ def check_step(path: Path) -> None:
 def newest_verified(root: Path) -> Path | None:
     """The newest complete checkpoint under `root` that verifies; each newer one that does not is skipped with one
     warning naming its file."""
-    from eigtrain.checkpoint import complete_checkpoints
+    from eigtrain.runs.step_dirs import complete_checkpoints
 
     for _, path in reversed(complete_checkpoints(root)):
         marker = read_marker(path)

@@ -38,7 +38,7 @@ def describe(weights: str | Path, step: int | None, steps: int | None) -> str:
 
 
 def weights_record(run) -> dict:
-    """Which step of `run` (an `eigtrain.embed.TrainedRun`) a command uses, for its manifest or report: run_dir,
+    """Which step of `run` (an `eigtrain.export.embed.TrainedRun`) a command uses, for its manifest or report: run_dir,
     weights, step, steps (the run's configured total)."""
     steps = run.cfg.get("steps")
     return {"run_dir": str(run.run_dir), "weights": str(run.weights), "step": weights_step(run.weights), "steps": steps}

@@ -8,7 +8,7 @@ At each dimension k in {4, 8, ..., d}, a linear probe on frozen features for:
   PCA the first k principal components of the same full embedding (the unsupervised baseline),
 plus the paired differences against PCA (on the same test samples, with bootstrap intervals: `PAIRED`), an
 ordering check (RR top-k vs bottom-k) and kNN accuracy. At every k also: retrieval (1-NN accuracy
-against the training split, recall@{1,10} within the validation split; eigtrain.retrieval), bytes per
+against the training split, recall@{1,10} within the validation split; eigtrain.evaluate.retrieval), bytes per
 vector (fp32/fp16/int8), measured exact-search time per query, and the smallest k within 1 and 5 points of
 each method's accuracy at full dimension.
 
@@ -25,10 +25,10 @@ from typing import Any, Mapping
 
 import torch
 
-from . import retrieval
-from .eval_report import PREFIX_METHODS, RR_PAPER
-from .knn import knn_accuracy
-from .probes import constant_shares, paired_difference, pca_features, probe_correct, smallest_k_within
+from eigtrain.evaluate import retrieval
+from eigtrain.evaluate.probes import constant_shares, paired_difference, pca_features, probe_correct, smallest_k_within
+from eigtrain.evaluate.report import PREFIX_METHODS, RR_PAPER
+from eigtrain.train.knn import knn_accuracy
 
 PAIRED = (("RR", "PCA"), (RR_PAPER, "PCA"), ("JN", "PCA"), ("FF", "PCA"), ("RR", RR_PAPER))  # the differences reported
 

@@ -1,7 +1,7 @@
 """What the training loop carries from step to step, and the checkpoint keeps.
 
 `TrainState` (the same on every rank, ``trainer.json``): the step, the samples seen, the skipped updates -- for a
-non-finite loss or gradient, or for a batch without enough usable samples (`eigtrain.skipped_batches`) -- and the
+non-finite loss or gradient, or for a batch without enough usable samples (`eigtrain.train.skipped_batches`) -- and the
 wandb run id. Skipped updates accumulate in a device counter that the host reads (one synchronisation) only at
 steps where some component is due (logging, checkpoint, stop), so an ordinary step never waits for the GPU.
 `RankState` (``rank-R.pt``): this rank's data cursor and random state.
@@ -14,10 +14,10 @@ from typing import Any, Mapping
 
 import torch
 
-from eigtrain import random_state
-from eigtrain.skipped_batches import agreed_count
+from eigtrain.train import random_state
+from eigtrain.train.skipped_batches import agreed_count
 
-log = logging.getLogger("eigtrain.train")  # the trainer's warnings, under the trainer's name in the run's log
+log = logging.getLogger("eigtrain.train.command")  # the trainer's warnings, under the trainer's name in the run's log
 
 
 class NonFiniteError(RuntimeError):

@@ -8,13 +8,13 @@ from typing import Any
 import torch
 
 from eigtrain.engine import chunks
-from eigtrain.skipped_batches import rows, stand_in
+from eigtrain.train.skipped_batches import rows, stand_in
 
 
 class StepInputs:
     """uint8 batch -> device -> augmented, normalized views (or pairs) -> (micro-batches, usable). A batch left with
     fewer than 2 samples per micro-batch by dropped corrupt samples is unusable: a stand-in of that size keeps this
-    rank in step with the others, and every rank skips the update (`eigtrain.skipped_batches`)."""
+    rank in step with the others, and every rank skips the update (`eigtrain.train.skipped_batches`)."""
 
     def __init__(
         self,

@@ -15,9 +15,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 
-from .rayleigh_ritz import IN_SPAN_TOL, RRResult
-from .redact import redact_config
-from .rr_prefixes import spectral_k_report
+from eigtrain.export.prefixes import spectral_k_report
+from eigtrain.export.rayleigh_ritz import IN_SPAN_TOL, RRResult
+from eigtrain.redact import redact_config
 
 TENSORS = "rr.safetensors"
 MANIFEST = "manifest.json"
@@ -25,7 +25,7 @@ DECAY_PLOT = "eigenvalues.png"
 EXPORT_FILES = (TENSORS, MANIFEST, DECAY_PLOT)
 EXPORT_FORMAT = "eigtrain-rr-export-v1"  # manifest["format"]: the positive mark of a directory eigtrain-rr wrote
 _LEGACY_KEYS = {"source", "n", "mode", "dim", "num_features", "tensors"}  # manifests written before the mark
-INPUTS = ("raw", "l2_normalized")  # what the head is applied to: source["input"] (eigtrain.embed.objective_view)
+INPUTS = ("raw", "l2_normalized")  # what the head is applied to: source["input"] (eigtrain.export.embed.objective_view)
 
 
 class ExportTargetError(FileExistsError, ValueError):

@@ -30,12 +30,12 @@ RUN_ENTRIES = frozenset(
         "slurm",
         "rr",
         "eval",
-        ".eigtrain-lock",  # the trainer's lock (eigtrain.run_lock)
-        "lineage.jsonl",  # resumes that started a new lineage (eigtrain.lineage)
+        ".eigtrain-lock",  # the trainer's lock (eigtrain.runs.lock)
+        "lineage.jsonl",  # resumes that started a new lineage (eigtrain.runs.lineage)
     }
 )
 EVAL_ENTRIES = frozenset({"table.md", "table.csv", "report.json", "accuracy_vs_dim.png", "retrieval_vs_dim.png"})
-# eigtrain-embed's fixed names; its chunks (rank-R-chunk-IIIII.safetensors) are matched by eigtrain.embed_corpus
+# eigtrain-embed's fixed names; its chunks (rank-R-chunk-IIIII.safetensors) are matched by eigtrain.export.corpus
 EMBED_ENTRIES = frozenset({"manifest.json", ".manifest.json.tmp"})
 
 

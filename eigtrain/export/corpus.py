@@ -26,14 +26,21 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from eigtrain import dist as edist
-from eigtrain.checksums import file_sha256
 from eigtrain.data import build_augment
-from eigtrain.embed import TrainedRun, check_split, command_line_data, normalization, open_run, split_stream
-from eigtrain.evaluate import EvalDataConfig
-from eigtrain.export import TENSORS, OrderedHead, load_head
-from eigtrain.output_dirs import EMBED_ENTRIES, OutputDirError, check_output_dir
-from eigtrain.provenance import export_provenance
+from eigtrain.export.embed import (
+    RunDataConfig,
+    TrainedRun,
+    check_split,
+    command_line_data,
+    normalization,
+    open_run,
+    split_stream,
+)
+from eigtrain.export.files import TENSORS, OrderedHead, load_head
 from eigtrain.redact import redact_url
+from eigtrain.runs.checksums import file_sha256
+from eigtrain.runs.output_dirs import EMBED_ENTRIES, OutputDirError, check_output_dir
+from eigtrain.runs.provenance import export_provenance
 
 FORMAT = "eigtrain-embeddings-v1"  # manifest["format"]: the mark of a directory eigtrain-embed wrote
 MANIFEST = "manifest.json"
@@ -44,10 +51,10 @@ USAGE = """eigtrain-embed: the ordered features of every sample of a split, in c
 
     eigtrain-embed run_dir=DIR out=DIR [split=train|val] [data.shards=PATTERN] [data.val_shards=PATTERN]
                    [rr=DIR] [k=K] [dtype=float32|float16] [chunk_size=4096] [batch_size=256] [num_workers=1]
-    torchrun --nproc_per_node N -m eigtrain.embed_corpus ...    # each rank embeds its share
+    torchrun --nproc_per_node N -m eigtrain.export.corpus ...    # each rank embeds its share
 
 Features are the run's Rayleigh-Ritz export (rr=, default run_dir/rr) applied to its encoder, first k in
-eigenvalue order. A rerun with the same settings resumes; read them with eigtrain.embed_corpus.read_embeddings.
+eigenvalue order. A rerun with the same settings resumes; read them with eigtrain.export.corpus.read_embeddings.
 """
 
 
@@ -64,7 +71,7 @@ class EmbedConfig:
     num_workers: int = 1  # reader processes per rank
     device: str = "cpu"  # cpu | cuda | auto (this rank's GPU when there is one)
     allow_foreign_export: bool = False  # apply an export solved on other weights (recorded in the manifest)
-    data: EvalDataConfig = field(default_factory=EvalDataConfig)  # data sources replacing the run's saved ones
+    data: RunDataConfig = field(default_factory=RunDataConfig)  # data sources replacing the run's saved ones
 
 
 def check_out(out: Path) -> dict | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-log = logging.getLogger("eigtrain.train")
+log = logging.getLogger("eigtrain.train.command")
 
 LINEAGE_FILE = "lineage.jsonl"
 LINEAGE_KEYS = (

@@ -1,0 +1,1 @@
+"""A run directory: checkpoints (written, read safely, verified), its lock, lineage, provenance."""

@@ -1,0 +1,1 @@
+"""Stage 2, training: the eigtrain-train command, its loop's state, metrics and monitor."""
