@@ -48,8 +48,8 @@ from eigtrain.engine import build_engine
 from eigtrain.engine.base import enable_cuda_fast_paths
 from eigtrain.models import build_encoder
 from eigtrain.objectives import build_objective
-from eigtrain.train.command import compose_config, make_loss_fn, view_options
-from eigtrain.train.step_inputs import StepInputs
+from eigtrain.train.command import compose_config
+from eigtrain.train.step_inputs import StepInputs, make_loss_fn, view_options
 
 # Dense bf16 tensor-core peaks (TFLOP/s) by device name; --peak-tflops overrides.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}

@@ -30,7 +30,8 @@ from eigtrain.data import build_augment
 from eigtrain.engine.ddp import DDPEngine
 from eigtrain.models import build_encoder
 from eigtrain.objectives import build_objective
-from eigtrain.train.command import compose_config, make_loss_fn
+from eigtrain.train.command import compose_config
+from eigtrain.train.step_inputs import make_loss_fn
 
 SHAPE = (1, 8, 8)  # digits
 

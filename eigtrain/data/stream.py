@@ -138,29 +138,32 @@ class ShardStream:
                 "%s: %d shards for world_size x num_workers = %d x %d reader slots: slots share shards (each "
                 "reads and discards the samples before its range); more, smaller shards read less",
                 self.where,
-                len(self.shards),
-                world_size,
-                self.workers,
+                *(len(self.shards), world_size, self.workers),
             )
-        if one_pass:
-            slots = range(rank * self.workers, (rank + 1) * self.workers)
-            sizes = [sum(map(len, plan.one_pass_tasks(self.shards, s, self.num_slots))) for s in slots]
-            self._worker_batches: list[int] | None = [math.ceil(n / batch_size) for n in sizes]
-            self.batches_per_epoch = sum(self._worker_batches)
-        else:
-            self.per_slot = plan.samples_per_slot(self.num_samples, self.num_slots, batch_size)
-            if self.per_slot == 0:
-                raise ValueError(
-                    f"{self.where} has {self.num_samples} samples, fewer than one batch per worker: world_size x "
-                    f"num_workers x batch_size = {world_size} x {self.workers} x {batch_size}; lower batch_size or "
-                    f"num_workers"
-                )
-            self._worker_batches = None  # endless
-            self.batches_per_epoch = self.workers * self.per_slot // batch_size
+        self._plan_batches(one_pass)
 
         self._batches = 0  # batches this rank handed out: the cursor
         self._restart = 0  # bumped when a resume cannot be exact (layout changed): reshuffles from there on
         self._corrupt = 0
+
+    def _plan_batches(self, one_pass: bool) -> None:
+        """Batches per epoch: one pass gives each of this rank's workers its own tasks (their sizes fixed here);
+        endless streams give every reader slot the same number of samples."""
+        if one_pass:
+            slots = range(self.rank * self.workers, (self.rank + 1) * self.workers)
+            sizes = [sum(map(len, plan.one_pass_tasks(self.shards, s, self.num_slots))) for s in slots]
+            self._worker_batches: list[int] | None = [math.ceil(n / self.batch_size) for n in sizes]
+            self.batches_per_epoch = sum(self._worker_batches)
+        else:
+            self.per_slot = plan.samples_per_slot(self.num_samples, self.num_slots, self.batch_size)
+            if self.per_slot == 0:
+                raise ValueError(
+                    f"{self.where} has {self.num_samples} samples, fewer than one batch per worker: world_size x "
+                    f"num_workers x batch_size = {self.world_size} x {self.workers} x {self.batch_size}; lower "
+                    f"batch_size or num_workers"
+                )
+            self._worker_batches = None  # endless
+            self.batches_per_epoch = self.workers * self.per_slot // self.batch_size
 
     # -------------------------------------------------------------------------------------------- setup
 

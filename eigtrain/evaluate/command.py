@@ -82,7 +82,6 @@ def _load_features(path: str):
 
 def evaluate(cfg) -> tuple[dict, dict]:
     from eigtrain.export.embed import check_split, command_line_data, embed_split, open_run
-    from eigtrain.export.files import MANIFEST
 
     if bool(cfg.run_dir) == bool(cfg.features):
         raise ValueError("give exactly one of run_dir= or features=")
@@ -143,20 +142,33 @@ def evaluate(cfg) -> tuple[dict, dict]:
     report["weights"] = [weights_record(r) for r in runs] if cfg.run_dir else []  # which step each run was scored at
     if "rr" in train and cfg.run_dir:
         report["rr_export"] = provenance  # whose weights the export was solved on (eigtrain.runs.provenance)
-    if head is not None and rr_dir:  # the k the export's spectrum suggests, beside the k the probes measured
-        report["spectrum"] = spectrum_report(head.eigenvalues, dims, report["smallest_k"].get("RR", {}))
-        manifest = json.loads((Path(rr_dir) / MANIFEST).read_text())
-        report["rr_cuts"] = manifest.get("cuts")  # None: an export from before, folds=0, or too few samples
-        report["rr_ties"] = manifest.get("ties")  # ties=variance: the groups reordered by variance
+    if head is not None and rr_dir:
+        report.update(_export_notes(head, Path(rr_dir), dims, report["smallest_k"].get("RR", {})))
     if cfg.retrieval_funnels:  # recall@10 vs cost of prefix searches, funnels and the exact bound-based early stop
-        if head is None:
-            raise ValueError("retrieval_funnels=true needs a Rayleigh-Ritz export (rr=DIR, or the run's rr/)")
-        from eigtrain.evaluate.funnels import funnel_report
-
-        rr_train, rr_test, lam = train["rr"].numpy(), test["rr"].numpy(), head.eigenvalues.numpy()
-        report["retrieval_funnels"] = funnel_report(rr_train, rr_test, lam, dims)
+        report["retrieval_funnels"] = _funnels(head, train, test, dims)
     title = f"Accuracy (%) by representation size — {Path(cfg.run_dir or cfg.features).name}"
     return report, write_report(report, out, title)
+
+
+def _export_notes(head, rr_dir: Path, dims: list[int], measured: dict) -> dict:
+    """What the export says beside the table: the k its spectrum suggests (against the k the probes measured), which
+    cuts the data determine, and its ties rule."""
+    from eigtrain.export.files import MANIFEST
+
+    manifest = json.loads((rr_dir / MANIFEST).read_text())
+    return {
+        "spectrum": spectrum_report(head.eigenvalues, dims, measured),
+        "rr_cuts": manifest.get("cuts"),  # None: an export from before, folds=0, or too few samples
+        "rr_ties": manifest.get("ties"),  # ties=variance: the groups reordered by variance
+    }
+
+
+def _funnels(head, train: dict, test: dict, dims: list[int]) -> dict:
+    if head is None:
+        raise ValueError("retrieval_funnels=true needs a Rayleigh-Ritz export (rr=DIR, or the run's rr/)")
+    from eigtrain.evaluate.funnels import funnel_report
+
+    return funnel_report(train["rr"].numpy(), test["rr"].numpy(), head.eigenvalues.numpy(), dims)
 
 
 def _rr_features(cfg, rr_dir: Path, run, train: dict, test: dict):

@@ -40,7 +40,7 @@ from eigtrain.train.checks import batch_split, validate
 from eigtrain.train.metrics_log import MetricsLog, Progress, Reporter, stable_run_id, write_run_records
 from eigtrain.train.monitor import build_monitor
 from eigtrain.train.state import NonFiniteError, RankState, TrainState
-from eigtrain.train.step_inputs import StepInputs
+from eigtrain.train.step_inputs import StepInputs, make_loss_fn, view_options
 from eigtrain.train.sweep_naming import register_resolvers
 
 CONFIG_PACKAGE = "eigtrain.configs"  # configs/ of the repository, shipped inside the package (pyproject.toml)
@@ -60,25 +60,6 @@ def prepare_data(cfg: DataConfig, rank: int, cache_dir: Path | None = None):
     """Input shapes (x, a or None); rank 0 first writes the demo shards when configured and missing (into a new
     or empty directory only) or counts the samples of foreign shards once (cached in `cache_dir`)."""
     return data_setup.prepare_data(cfg, rank, cache_dir, barrier=dist.barrier)
-
-
-class AutocastEncode:
-    """The encoder under the engine's autocast. Views: one forward over both (one pass through BatchNorm and the
-    wrapper); pairs: phi(x), psi(a)."""
-
-    def __init__(self, engine, pairs: bool):
-        self.engine, self.pairs = engine, pairs
-
-    def __call__(self, module, micro):
-        first, second = micro
-        with self.engine.autocast():
-            return module(first, second) if self.pairs else module(torch.cat([first, second])).chunk(2)
-
-
-def make_loss_fn(engine, objective, pairs: bool) -> LossFn:
-    """loss_fn(module, (first, second)) for engine.train_step: encoder under autocast, objective in fp32
-    (encode and objective apart, so that accumulation can evaluate the objective on the whole batch)."""
-    return LossFn(AutocastEncode(engine, pairs), objective)
 
 
 def run(composed: DictConfig, batches: tuple[int, int] | None = None) -> dict[str, Any]:
@@ -234,17 +215,6 @@ def _setup(
     model_info = {"dim": cfg.dim, "input_shape": list(x_shape), "context_shape": list(a_shape) if a_shape else None}
     loss_fn, records = make_loss_fn(engine, objective, pairs), (composed, model_info)
     return _resume(cfg, records, env, device, engine, loss_fn, inputs, stream)
-
-
-def view_options(data, engine) -> dict[str, Any]:
-    """How the augmentation hands the views over on CUDA: compiled (data.augment_compile, null: on), in the encoder's
-    autocast dtype and memory layout (what autocast and the encoder would make of them anyway). On the CPU: fp32,
-    eager, as documented (bit-identical resume)."""
-    if engine.device.type != "cuda":
-        return {"compile": bool(data.augment_compile)}
-    dtype = engine.autocast_dtype or torch.float32
-    compile = True if data.augment_compile is None else bool(data.augment_compile)
-    return {"compile": compile, "dtype": dtype, "channels_last": bool(engine.channels_last)}
 
 
 def _resume(

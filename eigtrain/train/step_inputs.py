@@ -1,5 +1,6 @@
 """One loader batch -> the engine's micro-batches: to the device, augmented into two views (or a pair), trimmed to
-a multiple of the micro-batch count, split."""
+a multiple of the micro-batch count, split; how the views are handed over (`view_options`) and the loss function the
+engine steps on them (`make_loss_fn`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import torch
 
 from eigtrain.engine import chunks
+from eigtrain.engine.base import LossFn
 from eigtrain.train.skipped_batches import rows, stand_in
 
 
@@ -48,3 +50,33 @@ class StepInputs:
         if self.channels_last and first.ndim == 4:
             first, second = (t.contiguous(memory_format=torch.channels_last) for t in (first, second))
         return list(zip(chunks(first, accum), chunks(second, accum))), usable
+
+
+class AutocastEncode:
+    """The encoder under the engine's autocast. Views: one forward over both (one pass through BatchNorm and the
+    wrapper); pairs: phi(x), psi(a)."""
+
+    def __init__(self, engine, pairs: bool):
+        self.engine, self.pairs = engine, pairs
+
+    def __call__(self, module, micro):
+        first, second = micro
+        with self.engine.autocast():
+            return module(first, second) if self.pairs else module(torch.cat([first, second])).chunk(2)
+
+
+def make_loss_fn(engine, objective, pairs: bool) -> LossFn:
+    """loss_fn(module, (first, second)) for engine.train_step: encoder under autocast, objective in fp32
+    (encode and objective apart, so that accumulation can evaluate the objective on the whole batch)."""
+    return LossFn(AutocastEncode(engine, pairs), objective)
+
+
+def view_options(data, engine) -> dict[str, Any]:
+    """How the augmentation hands the views over on CUDA: compiled (data.augment_compile, null: on), in the encoder's
+    autocast dtype and memory layout (what autocast and the encoder would make of them anyway). On the CPU: fp32,
+    eager, as documented (bit-identical resume)."""
+    if engine.device.type != "cuda":
+        return {"compile": bool(data.augment_compile)}
+    dtype = engine.autocast_dtype or torch.float32
+    compile = True if data.augment_compile is None else bool(data.augment_compile)
+    return {"compile": compile, "dtype": dtype, "channels_last": bool(engine.channels_last)}

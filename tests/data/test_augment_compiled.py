@@ -116,7 +116,7 @@ def test_one_random_draw_per_view_and_a_bound_on_the_eager_launches(monkeypatch)
 def test_the_trainer_compiles_bf16_channels_last_views_on_cuda_only():
     from types import SimpleNamespace
 
-    from eigtrain.train.command import view_options
+    from eigtrain.train.step_inputs import view_options
 
     data = SimpleNamespace(augment_compile=None)
     cuda = SimpleNamespace(device=torch.device("cuda"), autocast_dtype=torch.bfloat16, channels_last=True)
