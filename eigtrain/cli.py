@@ -86,10 +86,10 @@ def compose_dataclass(schema: type, argv: Sequence[str], groups: Mapping[str, Ma
             cfg = compose(primary, overrides=overrides)
         return OmegaConf.to_object(cfg)
     except MissingConfigException as error:  # preset=NAME that does not exist
-        group = (error.missing_cfg_file or "").rpartition("/")[0].removeprefix(f"{primary}_")
+        missing = error.missing_cfg_file or ""
+        group = missing.rpartition("/")[0].removeprefix(f"{primary}_")
         raise ValueError(
-            f"{group}={error.missing_cfg_file.rpartition('/')[2]!r} is unknown; "
-            f"allowed: {', '.join(sorted(error.options or []))}"
+            f"{group}={missing.rpartition('/')[2]!r} is unknown; allowed: {', '.join(sorted(error.options or []))}"
         ) from None
     except (HydraException, OmegaConfBaseException) as error:
         raise ValueError(error_line(error).replace(f"{primary}_", "")) from None
@@ -201,7 +201,7 @@ def sweep_points(overrides: Sequence[str]) -> list[list[str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(list(overrides))
-    values = []
+    values: list[list[str | None] | None] = []  # None: a sweep whose values Hydra expands itself
     for override in parsed:
         if override.is_sweep_override():
             key = override.get_key_element()

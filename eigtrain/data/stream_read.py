@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from itertools import count, islice
-from typing import Iterator
+from typing import Generator, Iterator
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -56,11 +56,13 @@ class WorkerPipeline(IterableDataset):
             tasks = plan.one_pass_tasks(self.shards, slot, self.num_slots)
             yield from _chunks(read_tasks(plan.skip(tasks, start * self.batch_size), self.timeout), self.batch_size)
             return
-        per_epoch = self.per_slot // self.batch_size
+        per_slot = self.per_slot
+        assert per_slot is not None  # set whenever one_pass is off (__init__)
+        per_epoch = per_slot // self.batch_size
         epoch, first = divmod(start, per_epoch)
         for epoch in count(epoch):
             tasks = plan.train_epoch_tasks(
-                self.shards, slot, self.num_slots, self.per_slot, self.seed, self.restart, epoch, self.resampled
+                self.shards, slot, self.num_slots, per_slot, self.seed, self.restart, epoch, self.resampled
             )
             samples = self._shuffled(tasks, slot, epoch, first * self.batch_size)
             yield from _chunks(samples, self.batch_size)
@@ -86,7 +88,7 @@ class WorkerPipeline(IterableDataset):
         """The tasks read `mix_shards` at a time side by side (`plan.mix_order`), from position `start` on."""
         order = plan.mix_order(tasks, self.mix_shards)
         done = plan.mix_offsets(order, start, len(tasks))
-        readers: dict[int, Iterator] = {}
+        readers: dict[int, Generator[dict | Corrupt, None, None]] = {}
         for i in order[start:].tolist():
             if i not in readers:
                 task = tasks[i]
@@ -108,7 +110,7 @@ def read_tasks(tasks: list[plan.ReadTask], timeout_s: float = DEFAULT_TIMEOUT_S)
         yield from read_shard(task, timeout_s)
 
 
-def read_shard(task: plan.ReadTask, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[dict | Corrupt]:
+def read_shard(task: plan.ReadTask, timeout_s: float = DEFAULT_TIMEOUT_S) -> Generator[dict | Corrupt, None, None]:
     """Samples [start, stop) of the shard at URL ``task.shard``: exactly ``len(task)`` items.
 
     A network shard whose read fails midway is reopened up to `NETWORK_RETRIES` times, skipping what was

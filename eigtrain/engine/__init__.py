@@ -64,34 +64,36 @@ def build_engine(
 ):
     """Engine from the ``engine`` config group (``optim`` gives the optimizer and gradient clipping); both are
     taken as their schema dataclasses (eigtrain.schema), so every key has its one default there."""
-    cfg, optim_cfg = typed(EngineConfig, cfg), typed_option("optim", optim_cfg)
-    common = dict(
+    # New names: `typed` returns Any, so rebinding the parameters would keep their union types.
+    config: EngineConfig = typed(EngineConfig, cfg)
+    optim: OptimBase = typed_option("optim", optim_cfg)
+    common: dict[str, Any] = dict(
         device=device,
-        precision=cfg.precision,
-        grad_clip=optim_cfg.grad_clip,
-        compile=cfg.compile,
-        channels_last=use_channels_last(cfg.channels_last, model, device),
+        precision=config.precision,
+        grad_clip=optim.grad_clip,
+        compile=config.compile,
+        channels_last=use_channels_last(config.channels_last, model, device),
     )
-    if cfg.name == "ddp":
+    if config.name == "ddp":
         from eigtrain.engine.ddp import DDPEngine
 
-        mode = compile_mode(cfg.compile_mode, device, cfg.name, grad_accum_steps) if cfg.compile else "default"
-        return DDPEngine(model, optim_cfg, compile_mode=mode, **common)
-    if cfg.name == "deepspeed":
+        mode = compile_mode(config.compile_mode, device, config.name, grad_accum_steps) if config.compile else "default"
+        return DDPEngine(model, optim, compile_mode=mode, **common)
+    if config.name == "deepspeed":
         from eigtrain.engine.deepspeed_zero import DeepSpeedEngine
 
-        if cfg.compile:
-            compile_mode(cfg.compile_mode, device, cfg.name, grad_accum_steps)  # warns: DeepSpeed compiles its way
+        if config.compile:  # warns: DeepSpeed compiles its way
+            compile_mode(config.compile_mode, device, config.name, grad_accum_steps)
         return DeepSpeedEngine(
             model,
-            optim_cfg,
-            stage=cfg.zero_stage,
+            optim,
+            stage=config.zero_stage,
             micro_batch_size=micro_batch_size,
             grad_accum_steps=grad_accum_steps,
-            extra_config=dict(cfg.config),
+            extra_config=dict(config.config),
             **common,
         )
-    raise ValueError(f"engine.name={cfg.name!r} is not known; allowed: {', '.join(ENGINES)}")
+    raise ValueError(f"engine.name={config.name!r} is not known; allowed: {', '.join(ENGINES)}")
 
 
 __all__ = [

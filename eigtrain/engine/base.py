@@ -252,11 +252,12 @@ def fused_skip_step(optimizer: torch.optim.Optimizer, ok: torch.Tensor) -> bool:
             for p in group["params"]:
                 if group["momentum"] and p.grad is not None and "momentum_buffer" not in optimizer.state[p]:
                     optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-    optimizer.found_inf = (~ok).to(torch.float32)
+    # found_inf is no declared attribute of torch's optimizers: their fused step reads it with getattr.
+    setattr(optimizer, "found_inf", (~ok).to(torch.float32))
     try:
         optimizer.step()
     finally:
-        del optimizer.found_inf
+        delattr(optimizer, "found_inf")
     return True
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 import torch
 import torch.distributed as dist
@@ -21,6 +21,7 @@ from eigtrain.runs.checkpoint_read import (  # .metadata unpickled with an allow
     reading,
     single_process_ok,
 )
+from eigtrain.schema import OptimBase
 
 
 class DDPEngine:
@@ -29,7 +30,7 @@ class DDPEngine:
     def __init__(
         self,
         model: nn.Module,
-        optim_cfg: Mapping[str, Any],
+        optim_cfg: OptimBase | Mapping[str, Any],
         *,
         device: torch.device,
         precision: str = "auto",
@@ -49,11 +50,15 @@ class DDPEngine:
         self.model = model  # the plain module: state dicts, export
         self.optimizer = build_optimizer(model, optim_cfg, device_type=device.type)
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self._ddp: DistributedDataParallel | None = None
         wrapped: nn.Module = model
         if distributed:
-            wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        self.train_module = torch.compile(wrapped, mode=compile_mode) if compile else wrapped
-        self._ddp = wrapped if distributed else None
+            self._ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+            wrapped = self._ddp
+        # torch.compile of a module is an OptimizedModule (an nn.Module); its stubs say only "a callable".
+        self.train_module: nn.Module = (
+            cast(nn.Module, torch.compile(wrapped, mode=compile_mode)) if compile else wrapped
+        )
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return autocast(self.device, self.autocast_dtype)

@@ -15,6 +15,7 @@ from torch import nn
 
 from eigtrain.engine.base import LossFn, StepResult, accumulated_backward, autocast, resolve_precision
 from eigtrain.engine.optim import build_optimizer, set_lr
+from eigtrain.schema import OptimBase
 
 ZERO_STAGES = (1, 2, 3)
 
@@ -33,10 +34,10 @@ class DeepSpeedEngine:
     def __init__(
         self,
         model: nn.Module,
-        optim_cfg: Mapping[str, Any],
+        optim_cfg: OptimBase | Mapping[str, Any],
         *,
         device: torch.device,
-        stage: int,
+        stage: int | None,  # engine.zero_stage: None (unset) is refused below, naming the key
         micro_batch_size: int,
         grad_accum_steps: int,
         precision: str = "auto",

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 import torch
 from torch import nn
 
-from eigtrain.schema import OPTIM_SCHEMAS, OptimBase, typed_option
+from eigtrain.schema import OPTIM_SCHEMAS, AdamWConfig, LarsConfig, OptimBase, SGDConfig, typed_option
 
 OPTIMIZERS = tuple(OPTIM_SCHEMAS)  # each optimizer's keys and defaults: its dataclass in eigtrain.schema
 SCHEDULES = ("cosine", "constant")
@@ -32,19 +32,25 @@ def build_optimizer(
 
     On CUDA SGD and AdamW are torch's fused kernels, which skip a non-finite step inside the kernel (`guarded_step`)
     and keep AdamW's step count on the GPU (so the guarded update never reads it back to the host)."""
-    cfg = typed_option("optim", cfg)
-    groups = _param_groups(model, cfg.weight_decay, cfg.exclude_bias_and_norm)
-    if cfg.name == "sgd":
+    config: OptimBase = typed_option("optim", cfg)  # a new name: typed_option returns Any
+    groups = _param_groups(model, config.weight_decay, config.exclude_bias_and_norm)
+    if isinstance(config, SGDConfig):
         fused = True if device_type == "cuda" else None  # the guarded step skips inside the kernel (found_inf)
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, fused=fused)
-    if cfg.name == "lars":
+        return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov, fused=fused)
+    if isinstance(config, LarsConfig):
         from timm.optim import Lars  # noqa: PLC0415  (timm is slow to import)
 
         # timm's LARS adapts only parameters with weight decay, so excluded groups get plain SGD.
-        return Lars(groups, lr=cfg.lr, momentum=cfg.momentum, trust_coeff=cfg.trust_coeff)
-    return torch.optim.AdamW(
-        groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True if device_type == "cuda" else None
-    )
+        return Lars(groups, lr=config.lr, momentum=config.momentum, trust_coeff=config.trust_coeff)
+    if isinstance(config, AdamWConfig):
+        return torch.optim.AdamW(
+            groups,
+            lr=config.lr,
+            betas=cast(tuple[float, float], tuple(config.betas)),  # schema: List[float] of two rates
+            eps=config.eps,
+            fused=True if device_type == "cuda" else None,
+        )
+    raise ValueError(f"optim.name={config.name!r} is not known; allowed: {', '.join(OPTIMIZERS)}")
 
 
 def lr_at(step: int, cfg: OptimBase, total_steps: int) -> float:

@@ -173,7 +173,7 @@ def solve_both_conventions(acc: RRAccumulator, cfg: RRJobConfig):
     """The export's solve with the cuts the data determine (`with_cuts`); when it excludes the trivial mode, the
     paper's convention rides along (paper_*), treated the same way. With ridge > 0 the exact spectrum rides along
     too. extra: cuts (rr_prefixes.cuts_report), ties (the groups, when ties=variance reordered them)."""
-    kwargs = dict(center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol)
+    kwargs: dict[str, Any] = dict(center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol)
     result = with_cuts(solve(acc, cfg.mode, trivial=cfg.trivial, **kwargs), acc, cfg, cfg.trivial)
     if cfg.ridge > 0:  # a regularized solve never stands alone: the sample moments' own spectrum beside it
         exact = solve(acc, cfg.mode, trivial=cfg.trivial, **{**kwargs, "ridge": 0.0})
@@ -189,7 +189,9 @@ def with_cuts(result, acc: RRAccumulator, cfg: RRJobConfig, trivial: str):
     center = centered(cfg.mode, cfg.center, trivial)
     errors = cut_errors(result, acc)
     result.extra["spectrum"] = result.eigenvalues
-    result.extra["cuts"] = cuts_report(errors, [f.n for f in acc.folds] if errors is not None else None)
+    result.extra["cuts"] = cuts_report(
+        errors, [f.n for f in acc.folds] if errors is not None and acc.folds is not None else None
+    )
     result.extra["ties"] = None
     if cfg.ties == "variance" and errors is not None:
         groups = tie_groups(undetermined_cuts(errors), result.transform.shape[1])
@@ -265,21 +267,24 @@ def run(cfg: RRJobConfig) -> dict:
     device = torch.device("cpu") if cfg.embeddings else select_device(cfg, env)
     edist.init_distributed(env, backend=edist.backend_for(device))
     pairs = cfg.mode == "svd"
-    if cfg.out or cfg.run_dir:  # before any work: never replace what eigtrain-rr did not write
-        check_export_target(Path(cfg.out or Path(cfg.run_dir) / "rr"), cfg.overwrite)
+    target = cfg.out or (cfg.run_dir and Path(cfg.run_dir) / "rr")
+    if target:  # before any work: never replace what eigtrain-rr did not write
+        check_export_target(Path(target), cfg.overwrite)
     if cfg.embeddings:
         acc, expected = reduce_embeddings(cfg.embeddings, pairs, env.rank, env.world_size, folds=cfg.folds)
         path = Path(cfg.embeddings)
-        source = {
+        source: dict[str, Any] = {
             "kind": "embeddings",
             "path": str(path.resolve()),
             "sha256": (files_sha256(path) if path.is_dir() else file_sha256(path)) if env.rank == 0 else None,
         }
+        assert cfg.out is not None  # RRJobConfig requires out= with embeddings= and encoder=
         out = Path(cfg.out)
     elif cfg.encoder.name:
         from eigtrain.export.embed import reduce_external
 
         acc, expected, source = reduce_external(cfg, env, device)
+        assert cfg.out is not None  # RRJobConfig requires out= with embeddings= and encoder=
         out = Path(cfg.out)
     else:
         from eigtrain.export.embed import reduce_encoder  # needs the trainer's checkpoint loading
