@@ -48,5 +48,5 @@ def test_configs_load_from_the_package_from_any_directory(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     assert CONFIG_PACKAGE == "eigtrain.configs"
     assert compose_config(["experiment=cpu_debug"]).name == "cpu_debug"
-    source = "".join((REPO / "eigtrain" / f).read_text() for f in ("train.py", "train_checks.py"))
+    source = "".join((REPO / "eigtrain" / f).read_text() for f in ("train/command.py", "train/checks.py"))
     assert '/ "configs"' not in source  # no path into the checkout
