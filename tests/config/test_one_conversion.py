@@ -3,6 +3,7 @@ the components take their parts of that one object (none converts the config aga
 
 import sys
 
+import pytest
 from omegaconf import OmegaConf
 
 from eigtrain.train import checks as train_checks
@@ -44,3 +45,24 @@ def test_an_in_process_run_validates_and_converts_once(digits_root, tmp_path, mo
     train.run(cfg)  # tools and tests call it without the command line's check: validated here, once
     assert len(validations) == 1 and len(conversions) == 1 and len(to_object) == 1
     assert train_checks.batch_split(cfg, 1) == (cfg.batch_size, 1)
+
+
+@pytest.mark.parametrize(
+    ("module", "argv"),
+    [
+        ("eigtrain.export.command", ["run_dir={missing}"]),
+        ("eigtrain.evaluate.command", ["run_dir={missing}"]),
+        ("eigtrain.export.corpus", ["run_dir={missing}", "out={missing}-out"]),
+        ("eigtrain.export.standalone", ["run_dir={missing}", "format=onnx", "out={missing}.onnx"]),
+    ],
+)
+def test_each_command_converts_its_command_line_once(module, argv, tmp_path, monkeypatch):
+    """The small commands compose their dataclass once (eigtrain.cli.compose_dataclass) and hand it down: a run that
+    fails on its first real work (a run directory that does not exist) has converted its config exactly once."""
+    import importlib
+
+    command = importlib.import_module(module)
+    to_object = counted(monkeypatch, OmegaConf, "to_object")
+    missing = str(tmp_path / "no-run")
+    assert command.main([a.format(missing=missing) for a in argv]) != 0
+    assert len(to_object) == 1
