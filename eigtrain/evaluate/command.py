@@ -16,7 +16,7 @@ from eigtrain.evaluate import retrieval
 from eigtrain.evaluate.probes import spectrum_report
 from eigtrain.evaluate.report import write_report
 from eigtrain.evaluate.table import adaptive_dimension_table
-from eigtrain.export.embed import RunDataConfig
+from eigtrain.export.run_data import RunDataConfig
 from eigtrain.redact import redact_url
 from eigtrain.runs.output_dirs import EVAL_ENTRIES, check_output_dir
 from eigtrain.runs.provenance import export_provenance

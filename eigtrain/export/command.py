@@ -32,6 +32,7 @@ from eigtrain.export.files import check_export_target, rr_manifest, save_export
 from eigtrain.export.moments import RRAccumulator
 from eigtrain.export.prefixes import cut_errors, cuts_report, order_ties, tie_groups, undetermined_cuts
 from eigtrain.export.rayleigh_ritz import MODES, TRIVIAL, centered, solve
+from eigtrain.export.run_data import RunDataConfig
 from eigtrain.redact import redact_url
 from eigtrain.runs.checksums import file_sha256, files_sha256
 from eigtrain.runs.run_step import describe
@@ -47,15 +48,13 @@ class EncoderConfig:
 
 
 @dataclass
-class DataConfig:
-    """Image shards for encoder=: the augmentation preset defines the positive pairs. With run_dir= /
-    checkpoint=, shards, val_shards and shard_index replace the run's saved ones, and allow_pipe=true lets a
-    saved pipe: source run (eigtrain.data.pipe_trust)."""
+class EncoderDataConfig(RunDataConfig):
+    """The data keys of eigtrain-rr: with run_dir= / checkpoint=, RunDataConfig's (shards, val_shards, shard_index
+    replace the run's saved ones; allow_pipe); with encoder=, also the image shards and the augmentation preset whose
+    two views are the positive pairs. Its defaults are the export's own, not the trainer's: no corrupt sample may be
+    skipped (the exact count), and imagenet views for an external encoder."""
 
     root: str | None = None  # eigtrain shards (index.json): the count is checked against the index
-    shards: Any = None  # webdataset shard pattern(s)/URL(s) without an eigtrain index
-    val_shards: Any = None  # held-out shards: split=val
-    allow_pipe: bool = False  # run pipe: sources read back from a run's saved config.yaml
     augment: str = "imagenet"  # the augmentation preset whose two views are the positive pairs
     image_size: int | None = None  # loader resize (needed when the shards do not say, e.g. foreign shards)
     image_fit: str = "cover"  # cover: resize + center crop; whole: the augmentation crops from the whole image
@@ -65,7 +64,6 @@ class DataConfig:
     max_corrupt: int = 0  # a skipped sample would break the exact count: none by default
     image_key: str | None = None  # foreign shards: member name(s) of the image (default jpg;jpeg;png;webp)
     label_key: str | None = None  # foreign shards: not needed for Rayleigh-Ritz
-    shard_index: str | None = None  # foreign shards: a wids index with the sample counts
     cache_dir: str | None = None  # foreign shards: where a scan's sample counts are cached
     io_timeout_s: float = 60.0  # foreign shards: the most any read of a remote shard may wait
 
@@ -92,7 +90,7 @@ class RRJobConfig:
     device: str = "auto"  # auto (cuda:LOCAL_RANK when a GPU is visible, else cpu) | cpu | cuda
     seed: int = 0  # augmentation seed (each sample's views are a function of it and the sample's key)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)  # an external encoder instead of a run
-    data: DataConfig = field(default_factory=DataConfig)  # the image shards an encoder= or a run reads
+    data: EncoderDataConfig = field(default_factory=EncoderDataConfig)  # the image shards an encoder= or a run reads
 
     def validate(self) -> "RRJobConfig":
         sources = {

@@ -28,7 +28,6 @@ from torch import nn
 from eigtrain import dist as edist
 from eigtrain.data import build_augment
 from eigtrain.export.embed import (
-    RunDataConfig,
     TrainedRun,
     check_split,
     command_line_data,
@@ -37,6 +36,7 @@ from eigtrain.export.embed import (
     split_stream,
 )
 from eigtrain.export.files import TENSORS, OrderedHead, load_head
+from eigtrain.export.run_data import RunDataConfig
 from eigtrain.redact import redact_url
 from eigtrain.runs.checksums import file_sha256
 from eigtrain.runs.output_dirs import EMBED_ENTRIES, OutputDirError, check_output_dir

@@ -263,16 +263,6 @@ def reduce_encoder(cfg, env, pairs: bool, device):
     return acc, expected, source, run.run_dir / "rr"
 
 
-@dataclass
-class RunDataConfig:
-    """The command line's data sources for the runs read by eigtrain-eval and eigtrain-embed (None: each run's saved config.yaml)."""
-
-    shards: Any = None  # replaces the run's data.shards (pattern or list)
-    val_shards: Any = None  # replaces the run's data.val_shards: the held-out shards scored as split val
-    shard_index: str | None = None  # a wids index of the shards' sample counts
-    allow_pipe: bool = False  # run pipe: sources read back from a run's saved config.yaml
-
-
 def command_line_data(data) -> dict[str, Any]:
     """The data keys of an eigtrain-rr / -eval command line that `open_run` applies to a saved run."""
     return {key: getattr(data, key) for key in (*SOURCE_KEYS, "allow_pipe")}
