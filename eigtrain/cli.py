@@ -15,6 +15,7 @@ import dataclasses
 import io
 import os
 import re
+import sys
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -284,3 +285,19 @@ def _brace_hint(overrides: Sequence[str]) -> str | None:
                 f"\"{key}='{value}'\" (the single quotes reach Hydra, the double quotes stop the shell expanding it)"
             )
     return None
+
+
+COMMAND_ERRORS = (ValueError, OSError, RuntimeError)  # bad input; unreadable files or shards; max_corrupt, coverage
+
+
+def one_line_errors(command: str, body: Callable[[], Any], errors: tuple[type[Exception], ...] = COMMAND_ERRORS) -> int:
+    """Run a command's body: an expected failure is one line on stderr naming the command, without credentials (a
+    corrupt sample's signed shard URL, say), and exit status 2; else 0."""
+    from eigtrain.redact import redact_url
+
+    try:
+        body()
+    except errors as error:
+        print(redact_url(f"{command}: {error}"), file=sys.stderr)
+        return 2
+    return 0

@@ -17,7 +17,6 @@ from eigtrain.evaluate.probes import spectrum_report
 from eigtrain.evaluate.report import write_report
 from eigtrain.evaluate.table import adaptive_dimension_table
 from eigtrain.export.run_data import RunDataConfig
-from eigtrain.redact import redact_url
 from eigtrain.runs.output_dirs import EVAL_ENTRIES, check_output_dir
 from eigtrain.runs.provenance import export_provenance
 from eigtrain.runs.run_step import weights_record
@@ -203,18 +202,16 @@ def _rr_features(cfg, rr_dir: Path, run, train: dict, test: dict):
 def main(argv: list[str] | None = None) -> int:
     import sys
 
-    from eigtrain.cli import compose_dataclass
+    from eigtrain.cli import compose_dataclass, one_line_errors
 
     args = sys.argv[1:] if argv is None else argv
     if args in (["-h"], ["--help"]):
         print(USAGE)
         return 0
-    try:
-        cfg = compose_dataclass(EvalConfig, args)
-        report, paths = evaluate(cfg)
-    except (ValueError, OSError, RuntimeError) as error:  # OSError: unreadable shards; RuntimeError: max_corrupt
-        print(redact_url(f"eigtrain-eval: {error}"), file=sys.stderr)  # e.g. a corrupt sample's signed shard URL
-        return 2
-    print(paths["markdown"].read_text())
-    print("\n".join(f"{name}: {path}" for name, path in paths.items()))
-    return 0
+
+    def body() -> None:
+        report, paths = evaluate(compose_dataclass(EvalConfig, args))
+        print(paths["markdown"].read_text())
+        print("\n".join(f"{name}: {path}" for name, path in paths.items()))
+
+    return one_line_errors("eigtrain-eval", body)

@@ -26,14 +26,13 @@ from typing import Any
 import torch
 
 from eigtrain import dist as edist
-from eigtrain.cli import compose_dataclass
+from eigtrain.cli import compose_dataclass, one_line_errors
 from eigtrain.export import embedding_files
 from eigtrain.export.files import check_export_target, rr_manifest, save_export
 from eigtrain.export.moments import RRAccumulator
 from eigtrain.export.prefixes import cut_errors, cuts_report, order_ties, tie_groups, undetermined_cuts
 from eigtrain.export.rayleigh_ritz import MODES, TRIVIAL, centered, solve
 from eigtrain.export.run_data import RunDataConfig
-from eigtrain.redact import redact_url
 from eigtrain.runs.checksums import file_sha256, files_sha256
 from eigtrain.runs.run_step import describe
 
@@ -332,14 +331,9 @@ def run(cfg: RRJobConfig) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        cfg = parse_args(sys.argv[1:] if argv is None else argv)
-        run(cfg)
-    except (ValueError, OSError, RuntimeError) as error:  # OSError: missing files, unreadable shards
-        print(redact_url(f"eigtrain-rr: {error}"), file=sys.stderr)  # e.g. a corrupt sample's signed shard URL
-        return 2
+        return one_line_errors("eigtrain-rr", lambda: run(parse_args(sys.argv[1:] if argv is None else argv)))
     finally:
         edist.destroy()
-    return 0
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ from eigtrain.export.embed import (
 )
 from eigtrain.export.files import TENSORS, OrderedHead, load_head
 from eigtrain.export.run_data import RunDataConfig
-from eigtrain.redact import redact_url
 from eigtrain.runs.checksums import file_sha256
 from eigtrain.runs.output_dirs import EMBED_ENTRIES, OutputDirError, check_output_dir
 from eigtrain.runs.provenance import export_provenance
@@ -289,20 +288,16 @@ def read_embeddings(out: str | os.PathLike, k: int | None = None) -> tuple[list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eigtrain.cli import compose_dataclass
+    from eigtrain.cli import compose_dataclass, one_line_errors
 
     args = sys.argv[1:] if argv is None else argv
     if args in (["-h"], ["--help"]):
         print(USAGE)
         return 0
     try:
-        run(compose_dataclass(EmbedConfig, args))
-    except (ValueError, OSError, RuntimeError) as error:  # OSError: unreadable shards; RuntimeError: coverage
-        print(redact_url(f"eigtrain-embed: {error}"), file=sys.stderr)
-        return 2
+        return one_line_errors("eigtrain-embed", lambda: run(compose_dataclass(EmbedConfig, args)))
     finally:
         edist.destroy()
-    return 0
 
 
 if __name__ == "__main__":

@@ -227,21 +227,19 @@ def export_standalone(cfg: ExportConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eigtrain.cli import compose_dataclass
-    from eigtrain.redact import redact_url
+    from eigtrain.cli import COMMAND_ERRORS, compose_dataclass, one_line_errors
 
-    try:
+    def body() -> None:
         cfg = compose_dataclass(ExportConfig, sys.argv[1:] if argv is None else argv).validate()
         metadata = export_standalone(cfg)
-    except (ValueError, OSError, RuntimeError, KeyError) as error:
-        print(redact_url(f"eigtrain-export: {error}"), file=sys.stderr)
-        return 2
-    shape: Any = metadata["input"]["shape"][1:]
-    width = metadata["output"]["shape"][1]
-    print(
-        f"eigtrain-export: {cfg.out} ({cfg.format}): images (N, {', '.join(map(str, shape))}) in [0, 1] -> {width} ordered features"
-    )
-    return 0
+        shape: Any = metadata["input"]["shape"][1:]
+        width = metadata["output"]["shape"][1]
+        print(
+            f"eigtrain-export: {cfg.out} ({cfg.format}): images (N, {', '.join(map(str, shape))}) in [0, 1] -> "
+            f"{width} ordered features"
+        )
+
+    return one_line_errors("eigtrain-export", body, (*COMMAND_ERRORS, KeyError))
 
 
 if __name__ == "__main__":
