@@ -4,8 +4,8 @@
 # rewrites the files instead of checking them (the type check still runs: it fixes nothing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q -e '.[dev]'
+source tools/venv.sh
+venv_install '[dev]'
 if [ "${1:-}" = "--fix" ]; then
   .venv/bin/python -m ruff check --fix .
   .venv/bin/python -m ruff format .

@@ -8,9 +8,8 @@ cd "$(dirname "$0")/.."
 RUN_DIR=${RUN_DIR:-runs/quickstart}
 STEPS=${STEPS:-300}
 
-python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e .
+source tools/venv.sh
+venv_install
 
 .venv/bin/eigtrain-train experiment=quickstart run_dir="$RUN_DIR" steps="$STEPS" logging.wandb.mode=disabled
 .venv/bin/eigtrain-rr run_dir="$RUN_DIR"

@@ -4,10 +4,11 @@
 # Arguments go to pytest: `bash tools/run_tests.sh -m "not slow"` is the quick loop, `tests/data` one area.
 # Two pytest-xdist workers, each taking whole test files (module fixtures are built once): many tests wait on a
 # subprocess, a Slurm job or a server with a core idle, which the other worker fills; `-n 0` runs in one process.
+# Files start heaviest first (tests/conftest.py orders them; xdist's own reorder by test count would start the
+# long end-to-end files last).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev]'
+source tools/venv.sh
+venv_install '[dev]'
 if command -v apt-get >/dev/null; then bash tools/slurm_local.sh install; fi  # scontrol before the tests that use it
-exec .venv/bin/python -m pytest -q --durations=15 -rs -n 2 --dist loadfile "$@"
+exec .venv/bin/python -m pytest -q --durations=15 -rs -n 2 --dist loadfile --no-loadscope-reorder "$@"
