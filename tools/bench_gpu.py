@@ -9,6 +9,9 @@ guarded optimizer update) in modes:
   - jpeg: the training loader over JPEG shards, data.decode=auto (nvJPEG on the GPU above 64 px, else the workers);
   - png: the training loader over PNG shards (decoded in the loader workers);
   - ddp: the synthetic step with the model inside DistributedDataParallel (a 1-rank group), against bare;
+  - components: the synthetic step's parts, each timed alone: augment_only (StepInputs: both views from the batch)
+    and step_on_made_views (engine.train_step on views made once: encoder, objective, backward, update), so the
+    gap to the reference splits into augmentation and the rest;
   - presets: no timing: host synchronisations of the augmentation alone, for every preset (CUDA sync-debug mode).
 Each timed mode: --repeats runs of --steps steps (CUDA events), after --warmup steps; the median and the spread
 ((slowest - fastest) / median) of the seconds per step; views/s (2 per pair) and pairs/s; MFU = 3 x forward FLOPs
@@ -53,7 +56,9 @@ from eigtrain.train.step_inputs import StepInputs, make_loss_fn, view_options
 
 # Dense bf16 tensor-core peaks (TFLOP/s) by device name; --peak-tflops overrides.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
-MODES = ("presets", "synthetic", "reference", "jpeg", "png", "ddp")
+MODES = ("presets", "synthetic", "reference", "jpeg", "png", "ddp", "components")
+# what `components` records: the step's parts, each timed alone (rows beside the step, no targets of their own)
+COMPONENTS = ("augment_only", "step_on_made_views")
 
 
 def peak_tflops(device: torch.device, override: float | None) -> float | None:
@@ -336,7 +341,7 @@ def bench_case(
     def record(mode: str, step, flops: float, **extra) -> None:
         seconds = timed_repeats(step, timing.steps, timing.repeats, timing.warmup, device)
         entry = {**summary(seconds, batch), "train_tflops_per_step": flops / 1e12, **extra}
-        entry["mfu"] = flops / entry["seconds_per_step"] / (peak * 1e12) if peak else None
+        entry["mfu"] = flops / entry["seconds_per_step"] / (peak * 1e12) if peak and flops else None
         case["modes"][mode] = entry
         report.write()
         entry["host_syncs_per_step"] = host_syncs_per_step(step, device)
@@ -359,7 +364,7 @@ def bench_case(
 
     def measure(mode: str) -> None:
         nonlocal resident
-        if mode in ("synthetic", "ddp", "presets") and resident is None:
+        if mode in ("synthetic", "ddp", "presets", "components") and resident is None:
             batches = loader("jpeg")
             resident = next(batches).to(device)  # the same batch every step, already on the device
             del batches
@@ -370,6 +375,12 @@ def bench_case(
             report.write()
         elif mode == "synthetic":
             record(mode, trainer_step(engine, loss_fn, inputs, same, device), trainer_flops)
+        elif mode == "components":  # the synthetic step = augmentation + the rest: which part is the gap to bare
+            made, usable = inputs({"image": resident})
+            record("augment_only", lambda: inputs({"image": resident}), 0.0)
+            record(
+                "step_on_made_views", lambda: engine.train_step(made, loss_fn, lr=0.01, usable=usable), trainer_flops
+            )
         elif mode == "reference":
             step, fwd = reference_step(model, size, batch, base.dim, device, compile, compile_mode)
             record(mode, step, 3.0 * fwd)

@@ -111,6 +111,7 @@ def test_report_shows_figures_spreads_same_mode_targets_and_what_needs_several_g
                     "synthetic": mode(5600.0, 5500.0, 5700.0),
                     "reference": mode(6000.0, 5900.0, 6100.0),
                     "jpeg": mode(4800.0, 4700.0, 4900.0, 2.0),
+                    "augment_only": mode(30000.0, 29000.0, 31000.0),  # a part of the step: a row, no target
                     "presets": {"presets": {"imagenet": {"host_syncs_per_call": 0.0, "from": []}}},
                 },
             }
@@ -147,6 +148,7 @@ def test_report_shows_figures_spreads_same_mode_targets_and_what_needs_several_g
     assert "resnet50@224 compiled synthetic >= 90% of the bare model: 93% MET" in text
     assert "resnet50@224 compiled jpeg >= 85% of the bare model: 80% NOT MET" in text
     assert ">= 5,500 views/s per H100: 5,600 on NVIDIA H100 80GB HBM3 MET" in text
+    assert "| augment_only | 30,000 |" in text and "augment_only >=" not in text
     assert "imagenet augmentation alone (both views): host syncs per call 0.0" in text
     assert "not measured (time budget): resnet50@224 png" in text and "last line of its log" in text
     assert "What only a multi-GPU machine can show" in text and (tmp_path / "report.json").exists()
