@@ -271,6 +271,22 @@ def test_eval_scores_split_val_with_both_rr_conventions(runs, exports, data, sou
     assert report["rr_ties"] == manifest["ties"]  # None: the default keeps eigenvalue order
 
 
+@pytest.mark.parametrize("split", ["train", "val"])
+@pytest.mark.parametrize("source", SOURCES)
+def test_embed_every_sample_of_a_split(runs, exports, data, source, split, tmp_path):
+    """eigtrain-embed of the run over its own data: every sample of the split once, in the export's k features."""
+    from eigtrain.export.corpus import main as embed_main
+    from eigtrain.export.corpus import read_embeddings
+
+    out = tmp_path / "vectors"
+    args = [f"run_dir={runs[source]}", f"out={out}", f"split={split}", "num_workers=1", "chunk_size=50"]
+    assert embed_main(args) == 0
+    keys, features = read_embeddings(out)
+    manifest = json.loads((exports[source] / "manifest.json").read_text())
+    assert len(set(keys)) == len(keys) == counts(data, source)[split]
+    assert features.shape[1] == len(manifest["spectrum"]) and torch.isfinite(features).all()
+
+
 def test_eval_of_a_shards_run_without_val_shards_refuses_with_one_line(runs, tmp_path, capsys):
     copy = tmp_path / "run"
     shutil.copytree(runs["shards"], copy)
