@@ -9,7 +9,7 @@ def launch(cfg: Mapping, fn: Callable, *args, **kwargs):
     local: calls it here and returns its result. slurm: returns the submitted submitit job
     (after waiting for it when `launcher.wait` is true).
     """
-    kind = cfg.get("name")
+    kind = cfg["name"]  # every launcher option has it (eigtrain.schema)
     if kind == "local":
         return fn(*args, **kwargs)
     if kind == "slurm":
