@@ -3,11 +3,12 @@
 from collections.abc import Callable, Mapping
 
 
-def launch(cfg: Mapping, fn: Callable, *args, **kwargs):
+def launch(cfg: Mapping, fn: Callable, *args, loader_workers: int | None = None, **kwargs):
     """Run `fn(*args, **kwargs)` as the `launcher` config says (key `name`: "local" or "slurm").
 
     local: calls it here and returns its result. slurm: returns the submitted submitit job
-    (after waiting for it when `launcher.wait` is true).
+    (after waiting for it when `launcher.wait` is true); `loader_workers` (data.num_workers) sizes a task's CPUs
+    where launcher.cpus_per_task is null.
     """
     kind = cfg["name"]  # every launcher option has it (eigtrain.schema)
     if kind == "local":
@@ -15,5 +16,5 @@ def launch(cfg: Mapping, fn: Callable, *args, **kwargs):
     if kind == "slurm":
         from eigtrain.launch.slurm import submit
 
-        return submit(cfg, fn, *args, **kwargs)
+        return submit(cfg, fn, *args, loader_workers=loader_workers, **kwargs)
     raise ValueError(f"launcher.name={kind!r}; allowed: 'local', 'slurm'")

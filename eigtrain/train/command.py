@@ -292,10 +292,10 @@ def _hydra_main(cfg: DictConfig) -> None:
         # validated once per launch: by main() before Hydra ran (every point of the command line), else here
         batches = batch_split(cfg, world) if point in _CHECKED else validate(cfg, world_size=world)
         if cfg.launcher.name != "local":  # Slurm: launcher.save_on_signal decides (launch/slurm.py)
-            launch(cfg.launcher, run, cfg, batches=batches)
+            launch(cfg.launcher, run, cfg, batches=batches, loader_workers=cfg.data.num_workers)
         else:  # here or under torchrun: SIGTERM / SIGINT save at the next step boundary, as under Slurm
             with dist.stop_at_step_boundary():
-                result = launch(cfg.launcher, run, cfg, batches=batches)
+                result = launch(cfg.launcher, run, cfg, batches=batches, loader_workers=cfg.data.num_workers)
             if result.get("stopped_on_signal"):
                 dist.leave_after_stop("eigtrain-train", result["step"], result["checkpoint"])
     except ConfigError as exn:

@@ -66,7 +66,8 @@ def sbatch_options(*overrides: str) -> list[str]:
     from eigtrain.train.command import compose_config
 
     cfg = compose_config(["experiment=cpu_debug", "launcher=slurm", "run_dir=/tmp/r", *overrides])
-    text = make_executor(cfg.launcher)._executor._make_submission_file_text("true", "uid")
+    executor = make_executor(cfg.launcher, loader_workers=cfg.data.num_workers)  # as eigtrain-train submits
+    text = executor._executor._make_submission_file_text("true", "uid")
     return [line.removeprefix("#SBATCH ") for line in text.splitlines() if line.startswith("#SBATCH")]
 
 
