@@ -268,9 +268,11 @@ _CHECKED: set[tuple[str, ...]] = set()  # points main() validated before Hydra r
 
 
 def _check_point(overrides: list[str], config_name: str | None) -> None:
+    from eigtrain.cli import point_key
+
     cfg = compose_config(overrides, config_name or "train")
     validate(cfg, world_size=_job_world_size(cfg))
-    _CHECKED.add((config_name or "train", *overrides))
+    _CHECKED.add((config_name or "train", *point_key(overrides)))
 
 
 @hydra.main(config_path=f"pkg://{CONFIG_PACKAGE}", config_name="train", version_base="1.3")
@@ -279,6 +281,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
     from torch.distributed.checkpoint.api import CheckpointException
 
+    from eigtrain.cli import point_key
     from eigtrain.data import ShardError
     from eigtrain.launch import launch
 
@@ -288,7 +291,10 @@ def _hydra_main(cfg: DictConfig) -> None:
     if HydraConfig.get().mode == RunMode.MULTIRUN:  # Hydra saved the sweep's command line: without credentials
         redact_yaml_file(Path(HydraConfig.get().sweep.dir) / "multirun.yaml")
     try:
-        world, point = _job_world_size(cfg), (HydraConfig.get().job.config_name, *HydraConfig.get().overrides.task)
+        world, point = (
+            _job_world_size(cfg),
+            (HydraConfig.get().job.config_name, *point_key(HydraConfig.get().overrides.task)),
+        )
         # validated once per launch: by main() before Hydra ran (every point of the command line), else here
         batches = batch_split(cfg, world) if point in _CHECKED else validate(cfg, world_size=world)
         if cfg.launcher.name != "local":  # Slurm: launcher.save_on_signal decides (launch/slurm.py)

@@ -47,6 +47,20 @@ def test_an_in_process_run_validates_and_converts_once(digits_root, tmp_path, mo
     assert train_checks.batch_split(cfg, 1) == (cfg.batch_size, 1)
 
 
+def test_each_point_of_a_sweep_is_validated_once_and_converted_once_in_its_run(digits_root, tmp_path, monkeypatch):
+    """-m seed=0,1: main() validates both points before Hydra runs them; no job validates again, and each job's run
+    converts its own config once."""
+    validations = counted(monkeypatch, train, "validate")
+    conversions = counted(monkeypatch, train, "train_config")
+    argv = overrides(tmp_path / "sweep", digits_root, "steps=2", "checkpoint_every=2", "seed=0,1")
+    monkeypatch.setattr(sys, "argv", ["eigtrain-train", "-m", *argv])
+    train.main()
+    finished = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/model.safetensors"))
+    assert len(finished) == 2 and "seed=0" in finished[0] and "seed=1" in finished[1], finished
+    assert len(validations) == 2, "each point validated once, before Hydra ran it; not again in its job"
+    assert len(conversions) == 2, "each job's run converts its config once"
+
+
 @pytest.mark.parametrize(
     ("module", "argv"),
     [
