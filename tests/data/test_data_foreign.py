@@ -203,6 +203,8 @@ def test_config_checks_name_the_key(tmp_path):
 
     with pytest.raises(ConfigError, match="data.image_fit='sideways' is not allowed; allowed: cover, whole"):
         validate(compose_config(["experiment=cpu_debug", "data.image_fit=sideways"]), 1)
+    with pytest.raises(ConfigError, match=r"give data.root \(an eigtrain shard directory\) or data.shards"):
+        validate(compose_config(["experiment=cpu_debug", "data.root=null"]), 1)  # was a TypeError traceback
     with pytest.raises(ConfigError, match="data.shards needs data.image_size"):
         validate(compose_config(["experiment=cpu_debug", f"data.shards='{tmp_path}/a-{{0..1}}.tar'"]), 1)
     with pytest.raises(ConfigError, match="2 of the 2 shards of data.shards do not exist"):
