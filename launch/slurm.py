@@ -83,7 +83,7 @@ def task_cpus(c: SlurmLauncherConfig, loader_workers: int | None) -> SlurmLaunch
     return dataclasses.replace(c, cpus_per_task=int(loader_workers) + 1)
 
 
-def world_size(cfg: Mapping) -> int:
+def world_size(cfg: Mapping | SlurmLauncherConfig) -> int:
     """How many tasks (ranks) the job will have: nodes x tasks_per_node, after validating `cfg`."""
     c = _config(cfg)
     return c.nodes * c.tasks_per_node
@@ -209,7 +209,9 @@ def _only_in_this_process(signum: int) -> None:
     signal.signal(signum, guarded)
 
 
-def submit(cfg: Mapping, fn: Callable, *args, loader_workers: int | None = None, **kwargs) -> submitit.Job:
+def submit(
+    cfg: Mapping | SlurmLauncherConfig, fn: Callable, *args, loader_workers: int | None = None, **kwargs
+) -> submitit.Job:
     """Submit `fn(*args, **kwargs)` as one Slurm job; print its id and logs; wait if `cfg.wait`. `loader_workers`:
     the job's data.num_workers, which sizes cpus_per_task where it is null (`task_cpus`)."""
     c = task_cpus(_config(cfg), loader_workers)
