@@ -220,6 +220,19 @@ def sweep_points(overrides: Sequence[str]) -> list[list[str]]:
     return points
 
 
+def point_key(overrides: Sequence[str]) -> tuple[str, ...]:
+    """A point's overrides as Hydra's sweeper hands them to the point's job (each value rendered again: `false` ->
+    `False`; a repeated key once, at its first place, with its last value), so that a point checked before Hydra ran
+    is known again in its job."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    rendered: dict[str, str] = {}
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.get_key_element()
+        rendered[key] = f"{key}={override.get_value_element_as_str()}"
+    return tuple(rendered.values())
+
+
 def check_hydra_command_line(argv: Sequence[str], check: Callable[[list[str], str | None], None]) -> None:
     """Compose each point of the command line with `check(overrides, config_name)`; a bad one is one
     ConfigError line (an unknown key or option with the allowed ones, a bad type, a failed check)."""

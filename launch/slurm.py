@@ -75,15 +75,24 @@ _INHERITED_LAUNCH_VARS = (
 )
 
 
-def world_size(cfg: Mapping) -> int:
+def task_cpus(c: SlurmLauncherConfig, loader_workers: int | None) -> SlurmLauncherConfig:
+    """`c` with cpus_per_task, where it is left null and the job's DataLoader workers (data.num_workers) are known:
+    one CPU per worker plus the training process."""
+    if c.cpus_per_task is not None or loader_workers is None:
+        return c
+    return dataclasses.replace(c, cpus_per_task=int(loader_workers) + 1)
+
+
+def world_size(cfg: Mapping | SlurmLauncherConfig) -> int:
     """How many tasks (ranks) the job will have: nodes x tasks_per_node, after validating `cfg`."""
     c = _config(cfg)
     return c.nodes * c.tasks_per_node
 
 
-def make_executor(cfg: Mapping) -> submitit.AutoExecutor:
-    """A submitit executor for Slurm from the `launcher` config (eigtrain.schema.SlurmLauncherConfig)."""
-    c = _config(cfg)
+def make_executor(cfg: Mapping | SlurmLauncherConfig, loader_workers: int | None = None) -> submitit.AutoExecutor:
+    """A submitit executor for Slurm from the `launcher` config (eigtrain.schema.SlurmLauncherConfig); `loader_workers`
+    (data.num_workers) sizes cpus_per_task where it is null (`task_cpus`)."""
+    c = task_cpus(_config(cfg), loader_workers)
     if shutil.which("sbatch") is None:
         raise RuntimeError("launcher=slurm but `sbatch` is not on PATH: submit from a Slurm login node")
     executor = submitit.AutoExecutor(folder=c.folder, cluster="slurm", slurm_max_num_timeout=c.max_requeues)
@@ -200,9 +209,12 @@ def _only_in_this_process(signum: int) -> None:
     signal.signal(signum, guarded)
 
 
-def submit(cfg: Mapping, fn: Callable, *args, **kwargs) -> submitit.Job:
-    """Submit `fn(*args, **kwargs)` as one Slurm job; print its id and logs; wait if `cfg.wait`."""
-    c = _config(cfg)
+def submit(
+    cfg: Mapping | SlurmLauncherConfig, fn: Callable, *args, loader_workers: int | None = None, **kwargs
+) -> submitit.Job:
+    """Submit `fn(*args, **kwargs)` as one Slurm job; print its id and logs; wait if `cfg.wait`. `loader_workers`:
+    the job's data.num_workers, which sizes cpus_per_task where it is null (`task_cpus`)."""
+    c = task_cpus(_config(cfg), loader_workers)
     executor = make_executor(c)
     check_fits(c)  # a request no node of the partition can hold would stay PENDING for ever
     job = executor.submit(RequeueableCall(fn, c.max_requeues, c.save_on_signal), *args, **kwargs)

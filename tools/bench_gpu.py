@@ -51,6 +51,7 @@ from eigtrain.engine import build_engine
 from eigtrain.engine.base import enable_cuda_fast_paths
 from eigtrain.models import build_encoder
 from eigtrain.objectives import build_objective
+from eigtrain.schema import train_config
 from eigtrain.train.command import compose_config
 from eigtrain.train.step_inputs import StepInputs, make_loss_fn, view_options
 
@@ -135,7 +136,7 @@ def case_config(
     ]
     if model.startswith("resnet") and size <= 64:
         overrides.append("model.cifar_stem=true")
-    return compose_config(overrides)
+    return train_config(compose_config(overrides))
 
 
 def trainer_pieces(cfg, size: int, batch: int, device: torch.device):

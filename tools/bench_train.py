@@ -30,6 +30,7 @@ from eigtrain.data import build_augment
 from eigtrain.engine.ddp import DDPEngine
 from eigtrain.models import build_encoder
 from eigtrain.objectives import build_objective
+from eigtrain.schema import train_config
 from eigtrain.train.command import compose_config
 from eigtrain.train.step_inputs import make_loss_fn
 
@@ -37,10 +38,10 @@ SHAPE = (1, 8, 8)  # digits
 
 
 def setup(batch: int, objective_name: str, distributed: bool):
-    cfg = compose_config(["experiment=cpu_debug", f"objective={objective_name}", f"batch_size={batch}"])
+    cfg = train_config(compose_config(["experiment=cpu_debug", f"objective={objective_name}", f"batch_size={batch}"]))
     torch.manual_seed(0)
     model = build_encoder(cfg.model, cfg.dim, SHAPE)
-    coefficients = {k: v for k, v in cfg.objective.items() if k != "name"}
+    coefficients = {k: v for k, v in vars(cfg.objective).items() if k != "name"}
     objective = build_objective(cfg.objective.name, cfg.dim, distributed=distributed, **coefficients)
     gen = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (batch, *SHAPE), dtype=torch.uint8, generator=gen)
@@ -112,7 +113,7 @@ def _comm_worker(rank: int, port: int, batch: int, repeats: int, objective_name:
     per_rank = batch // 2
     cfg, model, objective, _, _, _, views = setup(per_rank, objective_name, distributed=True)
     local_objective = build_objective(
-        cfg.objective.name, cfg.dim, distributed=False, **{k: v for k, v in cfg.objective.items() if k != "name"}
+        cfg.objective.name, cfg.dim, distributed=False, **{k: v for k, v in vars(cfg.objective).items() if k != "name"}
     )
     engine = DDPEngine(model, cfg.optim, device=torch.device("cpu"), grad_clip=cfg.optim.grad_clip)
     with_comm = make_loss_fn(engine, objective, pairs=False)

@@ -156,6 +156,7 @@ def nccl_syncbn() -> int:
 
     from eigtrain.dist import resolve_env, select_device
     from eigtrain.models import build_encoder, convert_sync_batch_norm
+    from eigtrain.schema import train_config
     from eigtrain.train.command import compose_config
 
     env = resolve_env()
@@ -193,7 +194,7 @@ def nccl_syncbn() -> int:
     except TypeError as e:  # private API changed: say so, do not fail the step on it
         found["syncbn_kernels_ok"] = f"not run: {e}"
 
-    cfg = compose_config(["experiment=cpu_debug", *RESNET])
+    cfg = train_config(compose_config(["experiment=cpu_debug", *RESNET]))
     model = convert_sync_batch_norm(build_encoder(cfg.model, cfg.dim, (3, 32, 32))).to(device)
     found["sync_batch_norm_layers"] = sum(isinstance(m, nn.SyncBatchNorm) for m in model.modules())
     ddp = DistributedDataParallel(model.to(memory_format=torch.channels_last), device_ids=[device.index])

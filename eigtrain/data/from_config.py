@@ -23,7 +23,7 @@ from eigtrain.data.shards import expand_shards, local_path
 from eigtrain.data.stream import ShardStream
 from eigtrain.data.stream_checks import listed
 from eigtrain.redact import redact_url
-from eigtrain.schema import DataConfig, typed
+from eigtrain.schema import DataConfig
 
 
 class DataConfigError(ValueError):
@@ -35,8 +35,18 @@ def _listed(value: Any) -> Any:
     return listed(value)
 
 
-def uses_shards(data) -> bool:
-    return bool(typed(DataConfig, data).shards)
+def uses_shards(data: DataConfig) -> bool:
+    return bool(data.shards)
+
+
+NO_SOURCE = "give data.root (an eigtrain shard directory) or data.shards (a pattern or list)"
+
+
+def data_root(data: DataConfig) -> Path:
+    """data.root of a config without data.shards; a `DataConfigError` when neither is given."""
+    if data.root is None:
+        raise DataConfigError(NO_SOURCE)
+    return Path(data.root)
 
 
 VAL_SPLIT = "val"
@@ -46,11 +56,9 @@ NO_VAL_SHARDS = (
 )
 
 
-def split_shards(data, split: str) -> tuple[str, Any]:
+def split_shards(data: DataConfig, split: str) -> tuple[str, Any]:
     """(key, shards) of `split` in a data.shards config: its training split (data.split) is data.shards, split
-    'val' is data.val_shards, held out from data.shards. Anything else is a `DataConfigError` naming the key.
-    `data`: the data group, or a mapping of some of its keys (the rest take the schema's defaults)."""
-    data = typed(DataConfig, data)
+    'val' is data.val_shards, held out from data.shards. Anything else is a `DataConfigError` naming the key."""
     if split == data.split:
         return "data.shards", data.shards
     if split != VAL_SPLIT:
@@ -69,10 +77,9 @@ def split_shards(data, split: str) -> tuple[str, Any]:
     return "data.val_shards", data.val_shards
 
 
-def split_source(data, split: str) -> str:
+def split_source(data: DataConfig, split: str) -> str:
     """Where `split` comes from, for reports (URLs without credentials): the key and its pattern, or the
     split of the eigtrain shard directory."""
-    data = typed(DataConfig, data)
     if not uses_shards(data):
         return f"split {split!r} of data.root={data.root}"
     key, shards = split_shards(data, split)
@@ -80,9 +87,8 @@ def split_source(data, split: str) -> str:
     return f"{key}={redact_url(shards) if isinstance(shards, str) else [redact_url(s) for s in shards]}"
 
 
-def check_data(data, world_size: int, per_rank_batch: int) -> None:
+def check_data(data: DataConfig, world_size: int, per_rank_batch: int) -> None:
     """Key values, and the data against the job where it is cheap to know (local files, an existing index)."""
-    data = typed(DataConfig, data)
     if data.image_fit not in FITS:
         raise DataConfigError(f"data.image_fit={data.image_fit!r} is not allowed; allowed: {', '.join(FITS)}")
     if data.decode not in DECODE_CHOICES:
@@ -115,7 +121,7 @@ def check_data(data, world_size: int, per_rank_batch: int) -> None:
         raise DataConfigError(
             "data.val_shards goes with data.shards; with data.root the validation data is the split 'val' of its index"
         )
-    root = Path(data.root)
+    root = data_root(data)
     if not (root / INDEX_NAME).is_file():
         return  # written later (write_if_missing) or reported by the stream with the command that writes it
     _check_batches(
@@ -123,20 +129,19 @@ def check_data(data, world_size: int, per_rank_batch: int) -> None:
     )
 
 
-def _val_urls(data) -> list[str]:
+def _val_urls(data: DataConfig) -> list[str]:
     """The URLs of data.val_shards (checked held out from data.shards); none when it is not set."""
     return expand_shards(_listed(split_shards(data, VAL_SPLIT)[1])) if data.val_shards else []
 
 
-def check_splits(data, splits) -> None:
+def check_splits(data: DataConfig, splits) -> None:
     """Each of `splits` exists for this data config (cheap: no shard is read); `DataConfigError` naming the key."""
-    data = typed(DataConfig, data)
     if uses_shards(data):
         for split in splits:
             split_shards(data, split)
 
 
-def _check_batches(samples: int, where: str, data, world_size: int, per_rank_batch: int) -> None:
+def _check_batches(samples: int, where: str, data: DataConfig, world_size: int, per_rank_batch: int) -> None:
     workers = max(int(data.num_workers), 1)
     if samples // (world_size * workers) < per_rank_batch:
         raise DataConfigError(
@@ -145,27 +150,27 @@ def _check_batches(samples: int, where: str, data, world_size: int, per_rank_bat
         )
 
 
-def prepare_data(data, rank: int, cache_dir: Path | None = None, barrier: Callable[[], None] = lambda: None):
+def prepare_data(
+    data: DataConfig, rank: int, cache_dir: Path | None = None, barrier: Callable[[], None] = lambda: None
+):
     """Shapes of the model's inputs (x_shape, a_shape or None). Rank 0 goes first: it writes a demo data set
     when configured (into an empty or new directory only, never over a user's data) or counts the samples of
     foreign shards once (cached in `cache_dir`); the other ranks then read what it wrote."""
-    data = typed(DataConfig, data)
     if uses_shards(data):
         if rank == 0:
             shard_counts(expand_shards(_listed(data.shards)), cache_dir, data.shard_index, float(data.io_timeout_s))
         barrier()
-        size = data.view_size or data.image_size
-        size = (size, size) if isinstance(size, int) else tuple(size)
-        x_shape = (3, *map(int, size))
+        shape = data.view_size or data.image_size
+        assert shape is not None  # check_data: data.shards needs data.image_size
+        x_shape = (3, *map(int, shape))
         return x_shape, (x_shape if data.mode == "pairs" else None)
-    root = Path(data.root)
+    root = data_root(data)
     if not (root / INDEX_NAME).exists() and data.write_if_missing:
         if rank == 0:
-            _write_demo(data, root)
+            _write_demo(data.write_if_missing, data.shard_size, root)
         barrier()
     index = read_index(root)
     meta, size = index.meta, data.view_size or data.image_size or index.meta["image_shape"][1:]
-    size = (size, size) if isinstance(size, int) else size
     # image-folder shards have no fixed image_shape (null), only channels
     x_shape = (int(meta["channels"] if "channels" in meta else meta["image_shape"][0]), *map(int, size))
     if data.mode == "views":
@@ -173,7 +178,7 @@ def prepare_data(data, rank: int, cache_dir: Path | None = None, barrier: Callab
     return x_shape, (tuple(meta["a_shape"]) if meta.get("a_kind") == "vector" else x_shape)  # index.json's meta
 
 
-def _write_demo(data, root: Path) -> None:
+def _write_demo(source: str, shard_size: int, root: Path) -> None:
     from eigtrain.data import write_marker
 
     try:
@@ -182,18 +187,18 @@ def _write_demo(data, root: Path) -> None:
         raise DataConfigError(f"data.root={root}: {exn}") from None
     if root.exists() and any(root.iterdir()):
         raise DataConfigError(
-            f"data.root={root} has files but no {INDEX_NAME}: data.write_if_missing={data.write_if_missing} only writes "
+            f"data.root={root} has files but no {INDEX_NAME}: data.write_if_missing={source} only writes "
             f"the demo shards into a new or empty directory, never into a directory that holds other data. For "
             f"webdataset shards written by other tools use data.shards='{root}/<name>-{{000000..000099}}.tar' "
             f"(and data.write_if_missing=null)"
         )
     from eigtrain.data.write import WriteArgs, check_args, write_source
 
-    write_source(check_args(asdict(WriteArgs(source=data.write_if_missing, out=str(root), shard_size=data.shard_size))))
+    write_source(check_args(asdict(WriteArgs(source=source, out=str(root), shard_size=shard_size))))
 
 
 def build_stream(
-    data,
+    data: DataConfig,
     *,
     batch_size: int,
     rank: int,
@@ -207,7 +212,7 @@ def build_stream(
 ) -> ShardStream:
     """The training stream of the `data` config on `device` (pinned memory and nvJPEG decoding follow it); with
     `one_pass`, every sample of `split` exactly once across ranks and workers (embedding, Rayleigh-Ritz)."""
-    device, data = torch.device(device), typed(DataConfig, data)
+    device = torch.device(device)
     split, key = split or data.split, "data.shards"
     pin = device.type == "cuda" if data.pin_memory is None else bool(data.pin_memory)
     changes: dict[str, Any] = dict(split=split, resampled=data.resampled and not one_pass, pin_memory=pin)

@@ -13,14 +13,14 @@ An engine owns the model (``engine.model``, the plain module), the optimizer and
 from __future__ import annotations
 
 import warnings
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 from eigtrain.engine.base import PRECISIONS, LossFn, StepResult, chunks, use_channels_last
 from eigtrain.engine.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_at
-from eigtrain.schema import EngineConfig, OptimBase, typed, typed_option
+from eigtrain.schema import EngineConfig, OptimBase
 
 ENGINES = ("ddp", "deepspeed")
 
@@ -54,8 +54,8 @@ def compile_mode(mode: str, device: torch.device, engine: str, grad_accum_steps:
 
 
 def build_engine(
-    cfg: EngineConfig | Mapping[str, Any],
-    optim_cfg: OptimBase | Mapping[str, Any],
+    config: EngineConfig,
+    optim: OptimBase,
     model: nn.Module,
     *,
     device: torch.device,
@@ -64,9 +64,6 @@ def build_engine(
 ):
     """Engine from the ``engine`` config group (``optim`` gives the optimizer and gradient clipping); both are
     taken as their schema dataclasses (eigtrain.schema), so every key has its one default there."""
-    # New names: `typed` returns Any, so rebinding the parameters would keep their union types.
-    config: EngineConfig = typed(EngineConfig, cfg)
-    optim: OptimBase = typed_option("optim", optim_cfg)
     common: dict[str, Any] = dict(
         device=device,
         precision=config.precision,

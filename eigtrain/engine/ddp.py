@@ -30,7 +30,7 @@ class DDPEngine:
     def __init__(
         self,
         model: nn.Module,
-        optim_cfg: OptimBase | Mapping[str, Any],
+        optim_cfg: OptimBase,
         *,
         device: torch.device,
         precision: str = "auto",

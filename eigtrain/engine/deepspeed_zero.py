@@ -34,7 +34,7 @@ class DeepSpeedEngine:
     def __init__(
         self,
         model: nn.Module,
-        optim_cfg: OptimBase | Mapping[str, Any],
+        optim_cfg: OptimBase,
         *,
         device: torch.device,
         stage: int | None,  # engine.zero_stage: None (unset) is refused below, naming the key

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, cast
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from eigtrain.schema import OPTIM_SCHEMAS, AdamWConfig, LarsConfig, OptimBase, SGDConfig, typed_option
+from eigtrain.schema import OPTIM_SCHEMAS, AdamWConfig, LarsConfig, OptimBase, SGDConfig
 
 OPTIMIZERS = tuple(OPTIM_SCHEMAS)  # each optimizer's keys and defaults: its dataclass in eigtrain.schema
 SCHEDULES = ("cosine", "constant")
@@ -24,15 +24,12 @@ def _param_groups(model: nn.Module, weight_decay: float, exclude_bias_and_norm: 
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(
-    model: nn.Module, cfg: OptimBase | Mapping[str, Any], device_type: str = "cpu"
-) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, config: OptimBase, device_type: str = "cpu") -> torch.optim.Optimizer:
     """Optimizer from the ``optim`` config group (typed by its name: SGDConfig, LarsConfig, AdamWConfig). The
     learning rate is set every step from ``lr_at``.
 
     On CUDA SGD and AdamW are torch's fused kernels, which skip a non-finite step inside the kernel (`guarded_step`)
     and keep AdamW's step count on the GPU (so the guarded update never reads it back to the host)."""
-    config: OptimBase = typed_option("optim", cfg)  # a new name: typed_option returns Any
     groups = _param_groups(model, config.weight_decay, config.exclude_bias_and_norm)
     if isinstance(config, SGDConfig):
         fused = True if device_type == "cuda" else None  # the guarded step skips inside the kernel (found_inf)

@@ -185,7 +185,7 @@ def embed_share(
     """Embed this rank's share of the split but the keys in `resume` (`resume_point`): (samples in the split,
     chunks written now). Skipped samples are still read (the stream has no seek), not encoded."""
     skip, index = resume
-    data = run.cfg.data
+    data = run.data
     stream = split_stream(run, spec["split"], cfg.batch_size, cfg.num_workers, env.rank, env.world_size, device)
     normalize = build_augment("none", image_size=data.view_size, **normalization(data)).to(device)
     encoder = run.encoder.phi if run.pairs else run.encoder
@@ -238,7 +238,7 @@ def run(cfg: EmbedConfig) -> dict:
     old = check_out(out)  # before any work: never write into a directory of someone else's
     trained = open_run(cfg.run_dir, device=str(device), data=command_line_data(cfg.data))
     rr_dir, head, provenance = load_export(cfg, trained)
-    spec = settings(cfg, trained, rr_dir, head, cfg.split or str(trained.cfg.data.split))
+    spec = settings(cfg, trained, rr_dir, head, cfg.split or trained.data.split)
     if old is not None:
         check_same(out, old, spec)
         if old.get("complete"):  # nothing left to do: the output stays as it is

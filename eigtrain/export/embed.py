@@ -16,7 +16,14 @@ from torch.nn import functional as F
 
 from eigtrain.data import ShardStream, build_augment, read_index
 from eigtrain.data.augment import NORMALIZATION
-from eigtrain.data.from_config import DataConfigError, build_stream, split_shards, split_source, uses_shards
+from eigtrain.data.from_config import (
+    DataConfigError,
+    build_stream,
+    data_root,
+    split_shards,
+    split_source,
+    uses_shards,
+)
 from eigtrain.data.pipe_trust import SOURCE_KEYS, check_saved_sources
 from eigtrain.export.moments import RRAccumulator
 from eigtrain.models.encoder import PairEncoder
@@ -26,13 +33,14 @@ from eigtrain.runs.checkpoint_verify import check_step, newest_verified
 from eigtrain.runs.checksums import file_sha256
 from eigtrain.runs.run_step import weights_record
 from eigtrain.runs.saved_config import load_saved_config
-from eigtrain.schema import DataConfig, typed_option
+from eigtrain.schema import DataConfig, typed, typed_option
 
 
 @dataclass
 class TrainedRun:
     run_dir: Path
-    cfg: DictConfig
+    cfg: DictConfig  # the saved config.yaml, for the records
+    data: DataConfig  # its data group, with the command line's sources: what the streams take
     encoder: torch.nn.Module  # as its objective saw it (`objective_view`)
     weights: Path  # model.safetensors or a checkpoint directory
     given: frozenset[str] = frozenset()  # data keys the command line set (its sources are the user's own)
@@ -42,7 +50,7 @@ class TrainedRun:
 
     @property
     def pairs(self) -> bool:
-        return self.cfg.data.mode == "pairs"
+        return self.data.mode == "pairs"
 
 
 class L2Normalized(nn.Module):
@@ -107,23 +115,26 @@ def open_run(
     for key, value in given.items():
         cfg.data[key] = value
     allow_pipe = bool((data or {}).get("allow_pipe"))
-    return TrainedRun(run, cfg, encoder, step or run / EXPORT_NAME, frozenset(given), allow_pipe, output, weights_hash)
+    typed_data = typed(DataConfig, cfg.data)  # the one conversion of the saved data group
+    return TrainedRun(
+        run, cfg, typed_data, encoder, step or run / EXPORT_NAME, frozenset(given), allow_pipe, output, weights_hash
+    )
 
 
 def check_split(run: TrainedRun, split: str) -> str:
     """Where `split` of the run's data comes from (`split_source`), once it is known to exist (a run trained on
     data.shards has split 'val' only with data.val_shards) and to run no command read back from the run's
     config.yaml; a `DataConfigError` or `PipeNotAllowed` naming the key otherwise. Reads no shard."""
-    data = run.cfg.data
+    data = run.data
     if uses_shards(data):
         key = split_shards(data, split)[0].removeprefix("data.")
-        check_saved_sources(data, (key, "shard_index"), run.given, run.allow_pipe, run.run_dir / "config.yaml")
+        check_saved_sources(vars(data), (key, "shard_index"), run.given, run.allow_pipe, run.run_dir / "config.yaml")
         for saved in sorted({key, "shard_index"} - run.given):  # a URL saved without its credentials cannot be read
-            saved_value_usable(data.get(saved), f"data.{saved}", run.run_dir / "config.yaml")
+            saved_value_usable(getattr(data, saved), f"data.{saved}", run.run_dir / "config.yaml")
     return split_source(data, split)
 
 
-def normalization(data: DictConfig) -> dict:
+def normalization(data: DataConfig) -> dict:
     """The mean/std the run trained with (its config, else its augmentation preset's defaults)."""
     mean, std = NORMALIZATION[data.augment]
     return {"mean": tuple(data.mean) if data.mean else mean, "std": tuple(data.std) if data.std else std}
@@ -134,9 +145,9 @@ def split_stream(
 ) -> ShardStream:
     """One pass over the run's data (data.root's split, or its data.shards with the run's cached counts)."""
     check_split(run, split)
-    data = run.cfg.data
+    data = run.data
     if not uses_shards(data):  # each worker reads whole shards of its own; 0 = in-process
-        num_workers = min(num_workers, len(read_index(data.root).shards(split)) // world)
+        num_workers = min(num_workers, len(read_index(data_root(data)).shards(split)) // world)
     return build_stream(
         data,
         batch_size=batch_size,
@@ -202,7 +213,7 @@ def reduce_pairs(
 ) -> tuple[RRAccumulator, int]:
     """Accumulate (Psi(a), Psi(a+)) over augmented views (or (Phi(x), Psi(a)) for pairs) of this rank's share;
     folds: also per fold of the samples (`key_folds`)."""
-    data = run.cfg.data
+    data = run.data
     stream = split_stream(run, split, batch_size, num_workers, rank, world, device)
     augment = build_augment(data.augment, image_size=data.view_size, **normalization(data)).to(device)
     acc = RRAccumulator(run.cfg.dim, pairs=run.pairs, device=device, folds=folds)
@@ -222,7 +233,7 @@ def reduce_pairs(
 @torch.no_grad()
 def embed_split(run: TrainedRun, split: str, batch_size: int = 512, num_workers: int = 1, device: str = "cpu"):
     """Un-augmented embeddings z = encoder(x) of a whole split (one process), with labels and keys."""
-    data = run.cfg.data
+    data = run.data
     stream = split_stream(run, split, batch_size, num_workers, 0, 1, device)
     normalize = build_augment("none", image_size=data.view_size, **normalization(data)).to(device)
     encoder = run.encoder.phi if run.pairs else run.encoder
@@ -321,7 +332,7 @@ def _external_stream(cfg, env) -> tuple[ShardStream, int, dict]:
         index = read_index(data.root)
         read.num_workers = min(cfg.num_workers, len(index.shards(cfg.split)) // env.world_size)
     else:
-        key, shards = split_shards({"shards": data.shards, "val_shards": data.val_shards}, cfg.split)
+        key, shards = split_shards(DataConfig(shards=data.shards, val_shards=data.val_shards), cfg.split)
         read.shards = list(shards) if isinstance(shards, (list, tuple)) else shards
     stream = ShardStream(
         read,

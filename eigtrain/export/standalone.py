@@ -99,7 +99,7 @@ def build_standalone(run_dir: str | os.PathLike, rr_dir: str | os.PathLike | Non
     encoder: nn.Module = getattr(run.encoder, "phi") if run.pairs else run.encoder  # a PairEncoder's image side
     head = load_head(rr, side="left")
     transform, eigenvalues = head.get_buffer("transform"), head.get_buffer("eigenvalues")
-    norm = normalization(run.cfg.data)
+    norm = normalization(run.data)
     model = StandaloneModel(encoder.cpu(), head, torch.tensor(norm["mean"]), torch.tensor(norm["std"])).eval()
     tensors = rr / TENSORS
     metadata = {

@@ -6,12 +6,12 @@ Every builder returns a module mapping a batch to (batch, num_features) and expo
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
-from eigtrain.schema import ModelConfig, typed
+from eigtrain.schema import ModelConfig
 
 IMAGE_BACKBONES = ("tiny_cnn", "resnet18", "resnet50", "vit_tiny", "vit_small", "vit_base")
 VECTOR_BACKBONES = ("mlp",)
@@ -74,10 +74,9 @@ def _cifar_stem(resnet: nn.Module, in_chans: int) -> None:
     resnet.maxpool = nn.Identity()
 
 
-def build_backbone(cfg: ModelConfig | Mapping[str, Any], input_shape: Sequence[int]) -> nn.Module:
-    """Build the backbone of the ``model`` config (a ModelConfig; a mapping of some keys takes the schema's defaults
-    for the rest) for inputs of ``input_shape`` ((C, H, W) for images, (n,) for vectors)."""
-    config: ModelConfig = typed(ModelConfig, cfg)
+def build_backbone(config: ModelConfig, input_shape: Sequence[int]) -> nn.Module:
+    """Build the backbone of the ``model`` config for inputs of ``input_shape`` ((C, H, W) for images, (n,) for
+    vectors)."""
     name, width, depth, patch_size = config.backbone, config.width, config.depth, config.patch_size
     if name.startswith(TIMM_PREFIX):
         return _timm_backbone(name.removeprefix(TIMM_PREFIX), config, input_shape)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Mapping, Sequence, cast
+from typing import Sequence, cast
 
 import torch
 from torch import nn
@@ -69,25 +69,28 @@ def _build_one(cfg: ModelConfig, dim: int, input_shape: Sequence[int]) -> Encode
     return Encoder(backbone, projector)
 
 
+def context_config(cfg: ModelConfig) -> ModelConfig:
+    """The psi encoder's config for pairs data: ``cfg.context`` (the keys that differ from phi's) over ``cfg``,
+    checked against the schema (an unknown key or a bad value is a ConfigError naming it)."""
+    return typed(ModelConfig, {**dataclasses.asdict(cfg), **(cfg.context or {}), "context": None})
+
+
 def build_encoder(
-    cfg: ModelConfig | Mapping[str, Any],
+    cfg: ModelConfig,
     dim: int,
     input_shape: Sequence[int],
     context_shape: Sequence[int] | None = None,
 ) -> Encoder | PairEncoder:
-    """Build the encoder described by the ``model`` config group (a ModelConfig; a mapping of some keys takes
-    the schema's defaults for the rest).
+    """Build the encoder described by the ``model`` config group.
 
     With ``context_shape`` (pairs data) this returns a ``PairEncoder``: ``phi`` for inputs of
     ``input_shape`` and ``psi`` for contexts, whose architecture is ``cfg.context`` merged over ``cfg``
     (``context: null`` means the same architecture as ``phi``).
     """
-    cfg = cast(ModelConfig, typed(ModelConfig, cfg))  # typed returns Any
     encoder = _build_one(cfg, dim, input_shape)
     if context_shape is None:
         return encoder
-    context_cfg = typed(ModelConfig, {**dataclasses.asdict(cfg), **(cfg.context or {}), "context": None})
-    return PairEncoder(encoder, _build_one(context_cfg, dim, context_shape))
+    return PairEncoder(encoder, _build_one(context_config(cfg), dim, context_shape))
 
 
 def convert_sync_batch_norm(model: nn.Module) -> nn.Module:

@@ -11,15 +11,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from torch import nn
 
-from eigtrain.schema import ConfigError, ModelConfig, typed
+from eigtrain.models.encoder import context_config
+from eigtrain.schema import ConfigError, ModelConfig
 
 CACHE = "cache"
 _HF_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
@@ -38,7 +37,7 @@ def timm_name(cfg: ModelConfig) -> str | None:
     return _TIMM_NAMES.get(cfg.backbone)
 
 
-def check_pretrained(cfg: ModelConfig | Any) -> None:
+def check_pretrained(cfg: ModelConfig) -> None:
     """ConfigError (one line) unless model.pretrained is unset or on this machine; called before any work."""
     try:
         resolve_pretrained(cfg)
@@ -46,9 +45,8 @@ def check_pretrained(cfg: ModelConfig | Any) -> None:
         raise ConfigError(str(error)) from None
 
 
-def resolve_pretrained(cfg: ModelConfig | Any) -> Path | None:
+def resolve_pretrained(cfg: ModelConfig) -> Path | None:
     """The file model.pretrained names (None when unset); PretrainedWeightsError when it is not on this machine."""
-    cfg = typed(ModelConfig, cfg)
     if not cfg.pretrained:
         return None
     if cfg.pretrained != CACHE:
@@ -94,16 +92,14 @@ def _cached_file(name: str) -> Path:
     )
 
 
-def load_pretrained(model: nn.Module, cfg: ModelConfig | Any) -> nn.Module:
+def load_pretrained(model: nn.Module, cfg: ModelConfig) -> nn.Module:
     """Load model.pretrained into the encoder's backbone (both encoders of a PairEncoder, unless model.context
     sets its own pretrained); the model unchanged when unset."""
-    cfg = typed(ModelConfig, cfg)
     phi = getattr(model, "phi", model)
     _load_backbone(getattr(phi, "backbone"), cfg)
     psi = getattr(model, "psi", None)
     if psi is not None:
-        context = typed(ModelConfig, {**dataclasses.asdict(cfg), **(cfg.context or {}), "context": None})
-        _load_backbone(getattr(psi, "backbone"), context)
+        _load_backbone(getattr(psi, "backbone"), context_config(cfg))
     return model
 
 

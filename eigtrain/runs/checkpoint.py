@@ -34,7 +34,7 @@ from eigtrain.runs.step_dirs import (  # the step directories' names and discove
     latest_checkpoint,
     step_dir,
 )
-from eigtrain.schema import TrainConfig
+from eigtrain.schema import ModelConfig, TrainConfig, typed
 
 __all__ = [
     "model_weights",
@@ -267,7 +267,7 @@ def load_encoder(run_dir: Path, step_path: Path | None = None) -> torch.nn.Modul
     run_dir = Path(run_dir)
     cfg = load_saved_config(run_dir / "config.yaml")
     shapes = read_json(run_dir / MODEL_INFO_NAME)
-    model = build_encoder(cfg.model, cfg.dim, shapes["input_shape"], shapes["context_shape"])
+    model = build_encoder(typed(ModelConfig, cfg.model), cfg.dim, shapes["input_shape"], shapes["context_shape"])
     source = Path(step_path) if step_path is not None else run_dir / EXPORT_NAME
     if step_path is None and not source.exists():
         raise FileNotFoundError(f"{source} does not exist: the run has not finished (pass a checkpoint directory)")

@@ -40,5 +40,5 @@ def describe(weights: str | Path, step: int | None, steps: int | None) -> str:
 def weights_record(run) -> dict:
     """Which step of `run` (an `eigtrain.export.embed.TrainedRun`) a command uses, for its manifest or report: run_dir,
     weights, step, steps (the run's configured total)."""
-    steps = run.cfg.get("steps")
+    steps = run.cfg.steps  # every saved config has it (TrainConfig.steps)
     return {"run_dir": str(run.run_dir), "weights": str(run.weights), "step": weights_step(run.weights), "steps": steps}

@@ -2,8 +2,9 @@
 
 - groups.py: the dataclasses (a field per key, its default, its doc as the trailing comment); name-keyed groups
   (objective, optim, launcher) have one dataclass per option;
-- check.py: `check` (unknown keys, bad types, option names; fills each option's defaults) and `typed` (a group
-  as its dataclass: what builders take);
+- check.py: `check` (unknown keys, bad types, option names; fills each option's defaults), `train_config` (the
+  one conversion of a command's config) and `typed` (a group as its dataclass where it arrives untyped: a saved
+  config.yaml); builders take the dataclasses;
 - objectives.py: the objective group's dataclasses (one per objective; the objectives read their defaults here).
 
 The schema is a leaf: it imports nothing of eigtrain's (tests/config/test_schema_leaf.py). What needs the registries

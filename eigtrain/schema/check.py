@@ -6,13 +6,15 @@ Every failure is one ``ConfigError`` line naming the key and what is allowed.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from eigtrain.schema.groups import LAUNCHER_SCHEMAS, OPTIM_SCHEMAS, TrainConfig
 from eigtrain.schema.objectives import OBJECTIVE_SCHEMAS
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -34,16 +36,17 @@ def _group_schema(group: str, name: Any) -> type:
     return schemas[name]
 
 
-def typed(schema: type, node: Any) -> Any:
-    """`node` as an instance of dataclass `schema`: a builder's typed config. `node` may be the composed group
-    (DictConfig), a mapping of some keys (the rest take the schema's defaults) or already a `schema` instance.
-    An unknown key or a bad value is a ConfigError naming the key."""
+def typed(schema: type[T], node: Any) -> T:
+    """`node` as an instance of dataclass `schema`, at a boundary where a config arrives untyped (a run's saved
+    config.yaml, model.context's keys): builders take the instance. `node` may be a DictConfig, a mapping of some
+    keys (the rest take the schema's defaults) or already a `schema` instance. An unknown key or a bad value is a
+    ConfigError naming the key."""
     if isinstance(node, schema):
         return node
     if isinstance(node, DictConfig):  # interpolations resolve against the whole config, not the copy
         node = OmegaConf.to_container(node, resolve=True)
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))
+        return cast(T, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node)))
     except OmegaConfBaseException as error:
         raise ConfigError(describe(error)) from None
 

@@ -188,7 +188,7 @@ class SlurmLauncherConfig:
     tasks_per_node: Optional[int] = None  # null: gpus_per_node (at least 1)
     gpus_per_node: int = 0  # GPUs per node
     gpu_binding: str = "node"  # node: --gpus-per-node, a task uses the GPU at its local rank | task: --gpus-per-task=1
-    cpus_per_task: Optional[int] = None  # null: Slurm's default (slurm.yaml: data.num_workers + 1)
+    cpus_per_task: Optional[int] = None  # null: data.num_workers + 1 (the loader workers and the training process)
     mem: Any = None  # per node: GB, or a Slurm string ("64G", "0" = whole node); null: mem_per_cpu
     mem_per_cpu: Any = 4  # GB (or a Slurm string) per CPU, used when mem is null
     constraint: Optional[str] = None  # Slurm --constraint

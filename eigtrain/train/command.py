@@ -62,12 +62,15 @@ def prepare_data(cfg: DataConfig, rank: int, cache_dir: Path | None = None):
     return data_setup.prepare_data(cfg, rank, cache_dir, barrier=dist.barrier)
 
 
-def run(composed: DictConfig, batches: tuple[int, int] | None = None) -> dict[str, Any]:
+def run(
+    composed: DictConfig, batches: tuple[int, int] | None = None, converted: TrainConfig | None = None
+) -> dict[str, Any]:
     """Train as the composed config says (one rank); returns the final step, loss and paths. `batches`: (micro-batch,
-    accumulation) where the launch validated it, else validated here. Converted once: the components take parts of
-    its TrainConfig; the composed config is kept for the records (config.yaml, lineage, metrics)."""
+    accumulation) where the launch validated it, else validated here. Converted once (`converted`: by the launch,
+    else here): the components take parts of its TrainConfig; the composed config is kept for the records
+    (config.yaml, lineage, metrics)."""
     env = dist.resolve_env()
-    cfg = train_config(composed)  # the one conversion
+    cfg = converted if converted is not None else train_config(composed)  # the one conversion
     micro_batch, accum = batches or validate(cfg, env.world_size)  # before any expensive work
     nest, coefficients = cfg.nesting, {k: v for k, v in vars(cfg.objective).items() if k != "name"}
     objective = build_objective(
@@ -255,7 +258,7 @@ def _resume(
     return Trainer(engine, loss_fn, inputs, iter(stream), state, rank_state, checkpoints, report, model_info)
 
 
-def _job_world_size(cfg: DictConfig) -> int:
+def _job_world_size(cfg: TrainConfig) -> int:
     """Ranks of the job `cfg` starts: the Slurm allocation's, or this process's (torchrun, srun, one)."""
     if cfg.launcher.name == "slurm":  # checked on the login node, before anything is submitted
         from eigtrain.launch.slurm import world_size
@@ -268,9 +271,11 @@ _CHECKED: set[tuple[str, ...]] = set()  # points main() validated before Hydra r
 
 
 def _check_point(overrides: list[str], config_name: str | None) -> None:
-    cfg = compose_config(overrides, config_name or "train")
+    from eigtrain.cli import point_key
+
+    cfg = train_config(compose_config(overrides, config_name or "train"))  # this check's one conversion
     validate(cfg, world_size=_job_world_size(cfg))
-    _CHECKED.add((config_name or "train", *overrides))
+    _CHECKED.add((config_name or "train", *point_key(overrides)))
 
 
 @hydra.main(config_path=f"pkg://{CONFIG_PACKAGE}", config_name="train", version_base="1.3")
@@ -279,6 +284,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
     from torch.distributed.checkpoint.api import CheckpointException
 
+    from eigtrain.cli import point_key
     from eigtrain.data import ShardError
     from eigtrain.launch import launch
 
@@ -288,14 +294,19 @@ def _hydra_main(cfg: DictConfig) -> None:
     if HydraConfig.get().mode == RunMode.MULTIRUN:  # Hydra saved the sweep's command line: without credentials
         redact_yaml_file(Path(HydraConfig.get().sweep.dir) / "multirun.yaml")
     try:
-        world, point = _job_world_size(cfg), (HydraConfig.get().job.config_name, *HydraConfig.get().overrides.task)
+        job = train_config(cfg)  # the job's one conversion; its run and its launcher take parts of it
+        world, point = (
+            _job_world_size(job),
+            (HydraConfig.get().job.config_name, *point_key(HydraConfig.get().overrides.task)),
+        )
         # validated once per launch: by main() before Hydra ran (every point of the command line), else here
-        batches = batch_split(cfg, world) if point in _CHECKED else validate(cfg, world_size=world)
-        if cfg.launcher.name != "local":  # Slurm: launcher.save_on_signal decides (launch/slurm.py)
-            launch(cfg.launcher, run, cfg, batches=batches)
+        batches = batch_split(job, world) if point in _CHECKED else validate(job, world_size=world)
+        workers = job.data.num_workers
+        if job.launcher.name != "local":  # Slurm: launcher.save_on_signal decides (launch/slurm.py)
+            launch(job.launcher, run, cfg, batches=batches, converted=job, loader_workers=workers)
         else:  # here or under torchrun: SIGTERM / SIGINT save at the next step boundary, as under Slurm
             with dist.stop_at_step_boundary():
-                result = launch(cfg.launcher, run, cfg, batches=batches)
+                result = launch(job.launcher, run, cfg, batches=batches, converted=job, loader_workers=workers)
             if result.get("stopped_on_signal"):
                 dist.leave_after_stop("eigtrain-train", result["step"], result["checkpoint"])
     except ConfigError as exn:

@@ -14,13 +14,13 @@ import time
 import uuid
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator, Mapping, cast
+from typing import Any, Iterator, Mapping
 
 import torch
 
 from eigtrain.redact import redact_config, redacted_argv
 from eigtrain.runs.checkpoint import MODEL_INFO_NAME
-from eigtrain.schema import WandbConfig, typed
+from eigtrain.schema import WandbConfig
 
 WANDB_MODES = ("offline", "online", "disabled")
 
@@ -67,12 +67,11 @@ class MetricsLog:
         self,
         run_dir: Path,
         *,
-        wandb_cfg: WandbConfig | Mapping[str, Any],
+        wandb_cfg: WandbConfig,
         run_id: str,
         config: Mapping[str, Any],
         resume_step: int,
     ):
-        wandb_cfg = cast(WandbConfig, typed(WandbConfig, wandb_cfg))  # typed returns Any
         self.path = Path(run_dir) / "metrics.jsonl"
         truncate_metrics(self.path, resume_step)
         self._file = open(self.path, "a")

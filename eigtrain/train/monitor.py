@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Mapping, cast
 
 import torch
 from torch import nn
@@ -21,7 +20,7 @@ from torch import nn
 from eigtrain.data import build_augment
 from eigtrain.data.augment import NORMALIZATION
 from eigtrain.data.from_config import build_stream, check_splits
-from eigtrain.schema import DataConfig, MonitorConfig, typed
+from eigtrain.schema import DataConfig, MonitorConfig, TrainConfig
 from eigtrain.train import random_state
 from eigtrain.train.knn import dims_for, knn_accuracy
 
@@ -42,8 +41,8 @@ class MonitorSchedule:
 class KNNMonitor(MonitorSchedule):
     def __init__(
         self,
-        cfg: MonitorConfig | Mapping[str, Any],
-        data: DataConfig | Mapping[str, Any],
+        cfg: MonitorConfig,
+        data: DataConfig,
         *,
         dim: int,
         seed: int,
@@ -52,7 +51,7 @@ class KNNMonitor(MonitorSchedule):
         pairs: bool,
         cache_dir: Path | None = None,
     ):
-        self.cfg, data = typed(MonitorConfig, cfg), cast(DataConfig, typed(DataConfig, data))  # typed returns Any
+        self.cfg = cfg
         check_splits(data, (self.cfg.train_split, self.cfg.val_split))
         self.data, self.dim, self.seed, self.device, self.autocast, self.pairs = (
             data,
@@ -111,10 +110,10 @@ class KNNMonitor(MonitorSchedule):
         return {f"knn/{d}": knn_accuracy(train_z[:, :d], train_y, val_z[:, :d], val_y, k=k) for d in dims_for(self.dim)}
 
 
-def build_monitor(cfg, *, device: torch.device, autocast, scores: bool = True) -> MonitorSchedule:
+def build_monitor(cfg: TrainConfig, *, device: torch.device, autocast, scores: bool = True) -> MonitorSchedule:
     """The monitor of a training config: a `KNNMonitor` on the rank that ``scores`` (rank 0), its schedule alone on
     the others, and a schedule that never falls due when ``monitor.every`` is 0."""
-    monitor_cfg = typed(MonitorConfig, cfg.monitor)
+    monitor_cfg = cfg.monitor
     if not monitor_cfg.every:
         return MonitorSchedule(0)
     if cfg.engine.name == "deepspeed" and cfg.engine.zero_stage == 3:

@@ -1,5 +1,7 @@
 """Sweep point names: a multirun point's directory is named by its own result-changing overrides; and the
-resolvers configs/*.yaml use (`register_resolvers`, called by whatever composes the training config)."""
+resolver configs/train.yaml names it with (`register_resolvers`, called by whatever composes the training config).
+Hydra's own ``${hydra:job.override_dirname}`` cannot take its place: it would keep credentials of URL values and whole
+paths in the name, exclude keys only one by one (not `logging` with its sub-keys), and has no bound on the length."""
 
 from __future__ import annotations
 
@@ -83,7 +85,5 @@ def _digest(text: str) -> str:
 
 
 def register_resolvers() -> None:
-    """The resolvers of configs/train.yaml (a sweep point's directory) and configs/launcher/slurm.yaml."""
+    """The resolver of configs/train.yaml: a sweep point's directory (hydra.sweep.subdir)."""
     OmegaConf.register_new_resolver("eigtrain.sweep_point", sweep_point, replace=True)
-    # launcher=slurm: one CPU per DataLoader worker plus the training process
-    OmegaConf.register_new_resolver("eigtrain.cpus_for_workers", lambda workers: int(workers) + 1, replace=True)

@@ -34,7 +34,8 @@ def test_a_launch_validates_once_and_converts_its_config_once(digits_root, tmp_p
     train.main()
     assert (tmp_path / "run" / "model.safetensors").is_file()
     assert len(validations) == 1, "validate() runs once per launch (main's check of the command line)"
-    assert len(conversions) == 1 and len(to_object) == 2, "one conversion in the run (the other: the launch's check)"
+    # one conversion for the command line's check before Hydra runs, one in the job (its run and launcher take parts)
+    assert len(conversions) == 2 and len(to_object) == 2
 
 
 def test_an_in_process_run_validates_and_converts_once(digits_root, tmp_path, monkeypatch):
@@ -45,6 +46,21 @@ def test_an_in_process_run_validates_and_converts_once(digits_root, tmp_path, mo
     train.run(cfg)  # tools and tests call it without the command line's check: validated here, once
     assert len(validations) == 1 and len(conversions) == 1 and len(to_object) == 1
     assert train_checks.batch_split(cfg, 1) == (cfg.batch_size, 1)
+
+
+def test_each_point_of_a_sweep_is_validated_once_and_converted_once_in_its_job(digits_root, tmp_path, monkeypatch):
+    """-m seed=0,1: main() validates both points before Hydra runs them; no job validates again, and each job
+    converts its own config once (its run and its launcher take parts of it)."""
+    validations = counted(monkeypatch, train, "validate")
+    conversions = counted(monkeypatch, train, "train_config")
+    to_object = counted(monkeypatch, OmegaConf, "to_object")
+    argv = overrides(tmp_path / "sweep", digits_root, "steps=2", "checkpoint_every=2", "seed=0,1")
+    monkeypatch.setattr(sys, "argv", ["eigtrain-train", "-m", *argv])
+    train.main()
+    finished = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/model.safetensors"))
+    assert len(finished) == 2 and "seed=0" in finished[0] and "seed=1" in finished[1], finished
+    assert len(validations) == 2, "each point validated once, before Hydra ran it; not again in its job"
+    assert len(conversions) == len(to_object) == 4, "per point: one conversion for its check, one in its job"
 
 
 @pytest.mark.parametrize(

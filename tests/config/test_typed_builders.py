@@ -1,6 +1,5 @@
 """Builders take the schema's dataclasses: every default is the schema's, written once (issue 23 item 1)."""
 
-import re
 from pathlib import Path
 
 import pytest
@@ -8,7 +7,7 @@ import torch
 
 from eigtrain.engine import build_engine, build_optimizer, lr_at
 from eigtrain.models import build_encoder
-from eigtrain.schema import AdamWConfig, EngineConfig, ModelConfig, SGDConfig, WandbConfig
+from eigtrain.schema import AdamWConfig, EngineConfig, ModelConfig, SGDConfig, WandbConfig, train_config, typed
 from eigtrain.train.command import compose_config
 from eigtrain.train.metrics_log import MetricsLog
 from eigtrain.train.monitor import build_monitor
@@ -22,8 +21,8 @@ def test_optimizers_take_their_dataclass_and_its_defaults():
     assert sgd.defaults["momentum"] == SGDConfig.momentum and sgd.defaults["nesterov"] == SGDConfig.nesterov
     adamw = build_optimizer(model, AdamWConfig())
     assert adamw.defaults["betas"] == tuple(AdamWConfig().betas) and adamw.defaults["eps"] == AdamWConfig.eps
-    # a mapping of some keys: the rest are the schema's (not a second copy of them in the builder)
-    assert build_optimizer(model, {"name": "sgd", "lr": 0.5}).defaults["momentum"] == SGDConfig.momentum
+    # a config of some keys: the rest are the schema's (not a second copy of them in the builder)
+    assert build_optimizer(model, SGDConfig(lr=0.5)).defaults["momentum"] == SGDConfig.momentum
 
 
 def test_schedule_and_engine_read_typed_configs():
@@ -40,7 +39,7 @@ def test_encoder_defaults_are_the_schemas():
     linears = [m for m in encoder.projector if isinstance(m, torch.nn.Linear)]
     assert linears[0].out_features == ModelConfig.projector_hidden
     assert len(linears) == ModelConfig.projector_layers + 1
-    partial = build_encoder({"backbone": "tiny_cnn", "width": 4}, dim=6, input_shape=(1, 8, 8))
+    partial = build_encoder(typed(ModelConfig, {"backbone": "tiny_cnn", "width": 4}), dim=6, input_shape=(1, 8, 8))
     assert [m.out_features for m in partial.projector if isinstance(m, torch.nn.Linear)] == [
         m.out_features for m in linears
     ]
@@ -48,23 +47,12 @@ def test_encoder_defaults_are_the_schemas():
 
 def test_metrics_log_and_monitor_take_typed_configs(tmp_path):
     MetricsLog(tmp_path, wandb_cfg=WandbConfig(mode="disabled"), run_id="r", config={}, resume_step=0)
-    assert build_monitor(compose_config(["experiment=cpu_debug"]), device=torch.device("cpu"), autocast=None).every == 0
-
-
-def test_no_config_default_is_read_at_a_call_site():
-    """`cfg.get(key, default)` / `getattr(cfg, key, default)` on a config would be a second copy of a default."""
-    pattern = re.compile(
-        r"(cfg|data|config)\w*\.get\(\s*[\"'][\w.]+[\"']\s*,|getattr\(\s*\w*cfg\w*\s*,\s*[^,]+,"
-        r"|OmegaConf\.select\([^)]*default="
+    assert (
+        build_monitor(
+            train_config(compose_config(["experiment=cpu_debug"])), device=torch.device("cpu"), autocast=None
+        ).every
+        == 0
     )
-    hits = [
-        f"{path.relative_to(REPO)}:{n}"
-        for path in sorted((REPO / "eigtrain").rglob("*.py"))
-        if "synthetic" not in path.parts  # its own override parser is being retired separately
-        for n, line in enumerate(path.read_text().splitlines(), 1)
-        if pattern.search(line)
-    ]
-    assert not hits, hits
 
 
 def test_allowed_values_are_the_registries_own_lists():

@@ -171,13 +171,14 @@ def test_rayleigh_ritz_and_embeddings_of_a_run_trained_on_foreign_shards_read_ev
 
 def test_demo_data_is_never_written_into_a_users_directory(served, tmp_path):
     from eigtrain.data.from_config import DataConfigError
+    from eigtrain.schema import train_config
     from eigtrain.train.command import compose_config, prepare_data
 
     directory, _ = served
     before = tree_digest(directory)
     cfg = compose_config(["experiment=cpu_debug", f"data.root={directory}"])  # digits, write_if_missing=digits
     with pytest.raises(DataConfigError, match="only writes the demo shards into a new or empty directory"):
-        prepare_data(cfg.data, 0)
+        prepare_data(train_config(cfg).data, 0)
     assert tree_digest(directory) == before
 
 
@@ -202,6 +203,8 @@ def test_config_checks_name_the_key(tmp_path):
 
     with pytest.raises(ConfigError, match="data.image_fit='sideways' is not allowed; allowed: cover, whole"):
         validate(compose_config(["experiment=cpu_debug", "data.image_fit=sideways"]), 1)
+    with pytest.raises(ConfigError, match=r"give data.root \(an eigtrain shard directory\) or data.shards"):
+        validate(compose_config(["experiment=cpu_debug", "data.root=null"]), 1)  # was a TypeError traceback
     with pytest.raises(ConfigError, match="data.shards needs data.image_size"):
         validate(compose_config(["experiment=cpu_debug", f"data.shards='{tmp_path}/a-{{0..1}}.tar'"]), 1)
     with pytest.raises(ConfigError, match="2 of the 2 shards of data.shards do not exist"):

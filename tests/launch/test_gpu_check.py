@@ -200,11 +200,12 @@ def test_image_folder_shards_of_any_size_feed_the_trainer_at_a_fixed_image_size(
     from bench_gpu import write_image_shards
 
     from eigtrain.data.from_config import prepare_data
+    from eigtrain.schema import train_config
     from eigtrain.train.command import compose_config
 
     root = write_image_shards(tmp_path, 12, 8, "png")
     cfg = compose_config(["experiment=cpu_debug", f"data.root={root}", "data.image_size=[8,8]", "data.image_fit=whole"])
-    assert prepare_data(cfg.data, rank=0) == ((3, 8, 8), None)
+    assert prepare_data(train_config(cfg).data, rank=0) == ((3, 8, 8), None)
 
 
 def test_device_wheels_never_empties_a_folder_it_did_not_write(tmp_path):

@@ -66,7 +66,8 @@ def sbatch_options(*overrides: str) -> list[str]:
     from eigtrain.train.command import compose_config
 
     cfg = compose_config(["experiment=cpu_debug", "launcher=slurm", "run_dir=/tmp/r", *overrides])
-    text = make_executor(cfg.launcher)._executor._make_submission_file_text("true", "uid")
+    executor = make_executor(cfg.launcher, loader_workers=cfg.data.num_workers)  # as eigtrain-train submits
+    text = executor._executor._make_submission_file_text("true", "uid")
     return [line.removeprefix("#SBATCH ") for line in text.splitlines() if line.startswith("#SBATCH")]
 
 
@@ -482,3 +483,24 @@ def test_training_job_checkpoints_and_resumes_after_requeue_to_the_same_weights(
     assert first.keys() == second.keys()
     for name in first:
         assert torch.equal(first[name], second[name]), name  # bit-identical resume on CPU
+
+
+@pytest.mark.slow
+def test_eigtrain_train_on_slurm_runs_the_jobs_converted_config_with_a_cpu_per_loader_worker(
+    slurm_cluster, digits_root, tmp_path
+):
+    """The job runs the TrainConfig eigtrain-train converted on the login node (pickled with it); cpus_per_task left
+    null is data.num_workers + 1 (cpu_debug: 1 worker)."""
+    argv = ["experiment=cpu_debug", f"data.root={digits_root}", "steps=2", "checkpoint_every=2", "launcher=slurm"]
+    argv += ["launcher.wait=true", "launcher.tasks_per_node=1", "logging.progress=false", f"run_dir={tmp_path / 'run'}"]
+    out = subprocess.run(
+        [sys.executable, "-m", "eigtrain.train.command", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+    submission = next((tmp_path / "run" / "slurm").glob("*_submission.sh")).read_text()
+    assert "#SBATCH --cpus-per-task=2" in submission

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from eigtrain.models import Encoder, PairEncoder, build_backbone, build_encoder
+from eigtrain.schema import ModelConfig, train_config
 
 BASE = dict(
     width=8,
@@ -30,7 +31,7 @@ BASE = dict(
 )
 def test_encoder_maps_a_batch_to_dim(backbone, shape):
     torch.manual_seed(0)
-    encoder = build_encoder({**BASE, "backbone": backbone}, dim=12, input_shape=shape)
+    encoder = build_encoder(ModelConfig(**BASE, backbone=backbone), dim=12, input_shape=shape)
     assert isinstance(encoder, Encoder)
     z = encoder(torch.randn(4, *shape))
     assert z.shape == (4, 12) and torch.isfinite(z).all()
@@ -38,8 +39,8 @@ def test_encoder_maps_a_batch_to_dim(backbone, shape):
 
 
 def test_resnet_cifar_stem_keeps_resolution():
-    plain = build_backbone({"backbone": "resnet18"}, (3, 32, 32))
-    cifar = build_backbone({"backbone": "resnet18", "cifar_stem": True}, (3, 32, 32))
+    plain = build_backbone(ModelConfig(backbone="resnet18"), (3, 32, 32))
+    cifar = build_backbone(ModelConfig(backbone="resnet18", cifar_stem=True), (3, 32, 32))
     assert plain.conv1.kernel_size == (7, 7) and plain.conv1.stride == (2, 2)
     assert cifar.conv1.kernel_size == (3, 3) and cifar.conv1.stride == (1, 1)
     assert isinstance(cifar.maxpool, torch.nn.Identity)
@@ -49,15 +50,15 @@ def test_resnet_cifar_stem_keeps_resolution():
 
 
 def test_vit_image_and_patch_size_are_configurable():
-    vit = build_backbone({"backbone": "vit_small", "patch_size": 12}, (3, 48, 48))
+    vit = build_backbone(ModelConfig(backbone="vit_small", patch_size=12), (3, 48, 48))
     assert vit.patch_embed.num_patches == 16 and vit.num_features == 384
     with pytest.raises(ValueError, match="patch_size=10 must divide the image size 48x48"):
-        build_backbone({"backbone": "vit_tiny", "patch_size": 10}, (3, 48, 48))
+        build_backbone(ModelConfig(backbone="vit_tiny", patch_size=10), (3, 48, 48))
 
 
 def test_projector_of_the_papers_runs():  # configs/model/resnet18.yaml's projector; defaults: tests/config
     encoder = build_encoder(
-        {"backbone": "tiny_cnn", "width": 8, "projector_hidden": 2048, "projector_layers": 2},
+        ModelConfig(backbone="tiny_cnn", width=8, projector_hidden=2048, projector_layers=2),
         dim=512,
         input_shape=(3, 8, 8),
     )
@@ -66,7 +67,7 @@ def test_projector_of_the_papers_runs():  # configs/model/resnet18.yaml's projec
 
 
 def test_pair_encoder_has_independent_phi_and_psi_with_context_overrides():
-    cfg = {**BASE, "backbone": "tiny_cnn", "context": {"backbone": "mlp", "width": 16}}
+    cfg = ModelConfig(**{**BASE, "backbone": "tiny_cnn", "context": {"backbone": "mlp", "width": 16}})
     pair = build_encoder(cfg, dim=6, input_shape=(1, 8, 8), context_shape=(10,))
     assert isinstance(pair, PairEncoder)
     assert pair.psi.backbone.num_features == 16
@@ -77,9 +78,9 @@ def test_pair_encoder_has_independent_phi_and_psi_with_context_overrides():
 
 def test_unknown_backbone_and_wrong_input_kind_are_clear_errors():
     with pytest.raises(ValueError, match="model.backbone='resnet7' is not known; allowed: tiny_cnn"):
-        build_backbone({"backbone": "resnet7"}, (3, 32, 32))
+        build_backbone(ModelConfig(backbone="resnet7"), (3, 32, 32))
     with pytest.raises(ValueError, match="needs image inputs"):
-        build_backbone({"backbone": "resnet18"}, (10,))
+        build_backbone(ModelConfig(backbone="resnet18"), (10,))
 
 
 def test_resnet_runs_use_sync_batch_norm_on_several_gpus_unless_switched_off(caplog):
@@ -92,8 +93,8 @@ def test_resnet_runs_use_sync_batch_norm_on_several_gpus_unless_switched_off(cap
             sum(type(m) in (nn.BatchNorm1d, nn.BatchNorm2d) for m in model.modules()),
         )
 
-    on = compose_config(["model=resnet18"]).model
-    off = compose_config(["model=resnet18", "model.sync_batch_norm=false"]).model
+    on = train_config(compose_config(["model=resnet18"])).model
+    off = train_config(compose_config(["model=resnet18", "model.sync_batch_norm=false"])).model
     assert on.sync_batch_norm and not off.sync_batch_norm
     gpu = torch.device("cuda", 0)  # only converted, never run
     synced, plain = kinds(use_sync_batch_norm(build_encoder(on, 8, (3, 32, 32)), on.sync_batch_norm, 2, gpu))

@@ -16,10 +16,11 @@ from eigtrain.engine import chunks
 from eigtrain.engine.base import LossFn, accumulated_backward, accumulation_caveat
 from eigtrain.engine.ddp import DDPEngine
 from eigtrain.objectives import build_objective
+from eigtrain.schema import SGDConfig
 from tests.support.runs import free_port, overrides
 
 IN_DIM, DIM, LOCAL_BATCH, WORLD, ACCUM = 5, 6, 16, 2, 4
-SGD = {"name": "sgd", "lr": 1.0, "momentum": 0.0, "weight_decay": 0.0}  # lr 1: the update is minus the gradient
+SGD = SGDConfig(lr=1.0, momentum=0.0, weight_decay=0.0)  # lr 1: the update is minus the gradient
 
 CASES = [
     ("lora", {}, "none"),

@@ -14,10 +14,10 @@ from eigtrain.engine.ddp import DDPEngine
 from eigtrain.models import build_encoder
 from eigtrain.runs import checkpoint as ckpt
 from eigtrain.runs.checkpoint_read import WeightsOnlyLoadPlanner
-from eigtrain.schema import TrainConfig
+from eigtrain.schema import ModelConfig, SGDConfig, TrainConfig
 from eigtrain.train import random_state
 
-OPTIM = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "grad_clip": 3.0}
+OPTIM = SGDConfig(lr=0.1, momentum=0.9, weight_decay=5e-4, grad_clip=3.0)
 
 
 def make_step(root, step, complete=True):
@@ -73,7 +73,7 @@ def test_rng_state_round_trip_through_weights_only_load(tmp_path):
 def _engine(seed=0):
     torch.manual_seed(seed)
     model = build_encoder(
-        {"backbone": "tiny_cnn", "width": 4, "projector_hidden": 8, "projector_layers": 1}, dim=4, input_shape=(1, 8, 8)
+        ModelConfig(backbone="tiny_cnn", width=4, projector_hidden=8, projector_layers=1), dim=4, input_shape=(1, 8, 8)
     )
     return DDPEngine(model, OPTIM, device=torch.device("cpu"), grad_clip=3.0)
 

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from eigtrain.engine import build_engine, compile_mode
+from eigtrain.schema import EngineConfig, SGDConfig
 
 
 @pytest.mark.parametrize(
@@ -34,10 +35,10 @@ def test_the_cpu_engine_compiles_with_the_fallback_mode_and_steps(monkeypatch):
     seen = []
     monkeypatch.setattr(torch, "compile", lambda module, mode=None: seen.append(mode) or module)
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 4))
-    cfg = {"name": "ddp", "compile": True, "compile_mode": "reduce-overhead", "precision": "fp32"}
+    cfg = EngineConfig(name="ddp", compile=True, compile_mode="reduce-overhead", precision="fp32")
     with pytest.warns(UserWarning, match="CUDA graphs need a CUDA device"):
         engine = build_engine(
-            cfg, {"name": "sgd", "lr": 0.1}, model, device=torch.device("cpu"), micro_batch_size=4, grad_accum_steps=1
+            cfg, SGDConfig(lr=0.1), model, device=torch.device("cpu"), micro_batch_size=4, grad_accum_steps=1
         )
     assert seen == ["default"] and not engine.cuda_graphs
     before = [p.detach().clone() for p in model.parameters()]

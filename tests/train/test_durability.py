@@ -9,9 +9,9 @@ import torch
 import torch.multiprocessing as mp
 
 from eigtrain.runs import checkpoint as ckpt
-from eigtrain.schema import TrainConfig
+from eigtrain.schema import ModelConfig, SGDConfig, TrainConfig
 
-OPTIM = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0}
+OPTIM = SGDConfig(lr=0.1, momentum=0.9, weight_decay=0.0)
 
 
 def _model():
@@ -19,7 +19,7 @@ def _model():
 
     torch.manual_seed(0)
     return build_encoder(
-        {"backbone": "tiny_cnn", "width": 4, "projector_hidden": 8, "projector_layers": 1}, dim=4, input_shape=(1, 8, 8)
+        ModelConfig(backbone="tiny_cnn", width=4, projector_hidden=8, projector_layers=1), dim=4, input_shape=(1, 8, 8)
     )
 
 

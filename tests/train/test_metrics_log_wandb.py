@@ -3,6 +3,7 @@
 import sys
 import types
 
+from eigtrain.schema import WandbConfig
 from eigtrain.train.metrics_log import WANDB_EIGENVALUES, MetricsLog, read_metrics
 
 
@@ -20,7 +21,7 @@ class _FakeRun:
 def test_wandb_gets_one_curve_per_eigenvalue_and_the_jsonl_keeps_the_whole_spectrum(tmp_path, monkeypatch):
     run = _FakeRun()
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kwargs: run))
-    log = MetricsLog(tmp_path, wandb_cfg={"mode": "offline"}, run_id="r", config={}, resume_step=0)
+    log = MetricsLog(tmp_path, wandb_cfg=WandbConfig(mode="offline"), run_id="r", config={}, resume_step=0)
     spectra = [[0.9 - 0.001 * i - 0.01 * step for i in range(WANDB_EIGENVALUES + 6)] for step in (1, 2)]
     for step, spectrum in zip((1, 2), spectra):
         log.log(step, {"loss": -step, "eigenvalues": spectrum})

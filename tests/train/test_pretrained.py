@@ -2,6 +2,8 @@
 its weights from a local file or an already-populated cache, never downloaded; a one-line error when they are not
 there."""
 
+import dataclasses
+
 import huggingface_hub
 import pytest
 import timm
@@ -10,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from eigtrain.models import build_encoder
 from eigtrain.models.pretrained import PretrainedWeightsError, load_pretrained, resolve_pretrained
+from eigtrain.schema import ModelConfig, train_config
 from eigtrain.train.command import compose_config, run
 from tests.support.runs import overrides, run_cli
 
@@ -38,7 +41,9 @@ def vit_overrides(run_dir, digits_root, *extra):
 
 def test_vit_b16_trains_from_a_local_pretrained_file(digits_root, pretrained_file, tmp_path):
     weights = load_file(str(pretrained_file))
-    cfg = compose_config(vit_overrides(tmp_path / "run", digits_root, f"model.pretrained={pretrained_file}"))
+    cfg = train_config(
+        compose_config(vit_overrides(tmp_path / "run", digits_root, f"model.pretrained={pretrained_file}"))
+    )
     # The trainer's builder: every backbone tensor is the file's (its classifier head dropped); a random init is not.
     built = load_pretrained(build_encoder(cfg.model, cfg.dim, (1, SIZE, SIZE)), cfg.model).backbone.state_dict()
     assert built.keys() == {k for k in weights if not k.startswith("head.")}
@@ -68,7 +73,7 @@ def test_cache_is_read_never_fetched(monkeypatch, tmp_path):
     """model.pretrained=cache: timm's default weights of the backbone from the local Hugging Face cache; an empty
     cache is a one-line error naming it (huggingface_hub would have downloaded them; eigtrain does not ask it to)."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
-    cfg = {"backbone": "vit_base", "pretrained": "cache"}
+    cfg = ModelConfig(backbone="vit_base", pretrained="cache")
     with pytest.raises(PretrainedWeightsError, match=f"not in the Hugging Face cache {tmp_path}"):
         resolve_pretrained(cfg)
     repo = tmp_path / "models--timm--vit_base_patch16_224.augreg2_in21k_ft_in1k"
@@ -83,14 +88,12 @@ def test_a_torch_checkpoint_loads_and_a_misfit_is_one_line(pretrained_file, tmp_
     weights = load_file(str(pretrained_file))
     wrapped = tmp_path / "vit.pth"
     torch.save({"state_dict": weights, "epoch": 3}, wrapped)  # a training checkpoint: read weights-only, unwrapped
-    cfg = {
-        "backbone": VIT_B16,
-        "timm_kwargs": {"depth": 2, "embed_dim": 64, "num_heads": 2},
-        "pretrained": str(wrapped),
-    }
+    cfg = ModelConfig(
+        backbone=VIT_B16, timm_kwargs={"depth": 2, "embed_dim": 64, "num_heads": 2}, pretrained=str(wrapped)
+    )
     built = load_pretrained(build_encoder(cfg, 8, (1, SIZE, SIZE)), cfg).backbone.state_dict()
     assert all(torch.equal(built[k], weights[k]) for k in built)
-    deeper = {**cfg, "timm_kwargs": {"depth": 3, "embed_dim": 64, "num_heads": 2}}
+    deeper = dataclasses.replace(cfg, timm_kwargs={"depth": 3, "embed_dim": 64, "num_heads": 2})
     with pytest.raises(PretrainedWeightsError, match=r"does not fit .* 1[0-9] missing key\(s\)") as error:
         load_pretrained(build_encoder(deeper, 8, (1, SIZE, SIZE)), deeper)
     assert "\n" not in str(error.value)
