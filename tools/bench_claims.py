@@ -1,14 +1,15 @@
 """Issue 22 item 5 (partial): the paper's image-level claims on digits — RR (both conventions), JN, PCA, FF at
-k in {4, 8, 16}, RS — for SCL and VICReg (paper form), and the eigenvalue decay of each export.
+k in {4, 8, 16}, RS — for SCL, VICReg (paper form) and RQ, and the eigenvalue decay of each export.
 
     python tools/bench_claims.py STEPS SEED [SEED ...] [VARIANT ...]  # -> benchmarks/claims/<variant>-seed<S>/
-                                            # VARIANT: scl (default), scl_constant_none, vicreg_paper (default)
+                                            # VARIANT: scl (default), scl_constant_none, vicreg_paper (default), rq
 
 Each cell trains the quickstart recipe (tiny CNN, digits, dim 32, joint nesting) for STEPS steps, fixed-size
 encoders (nesting=none) at 4, 8, 16, runs eigtrain-rr with its defaults (the exact solve, trivial mode excluded;
 the constant-kept convention rides along) and again with the paper's own algorithm for the objective as written
-(appendix F: F.3 `mode=paper-lora` for SCL, F.2 `mode=paper-vicreg` for VICReg; `trivial=keep`; rows "RR F.3" /
-"RR F.2"), and eigtrain-eval with the paper's SGD probe (softmax regression, 50 epochs, cosine schedule).
+(appendix F: F.3 `mode=paper-lora` for SCL, F.2 `mode=paper-vicreg` for VICReg, F.1 `mode=paper-rq` for RQ;
+`trivial=keep`; rows "RR F.3" / "RR F.2" / "RR F.1"), and eigtrain-eval with the paper's SGD probe (softmax
+regression, 50 epochs, cosine schedule).
 Training and eigtrain-rr keep the quickstart's own defaults (its 2 CPU threads, eigtrain-rr's data workers), so
 the `scl` cell at 300 steps is `bash tools/quickstart.sh` at that seed (the seed-0 model is bit-identical).
 """
@@ -28,10 +29,12 @@ VARIANTS = {
     "scl": ("objective=scl",),
     "scl_constant_none": ("objective=scl", "objective.constant_mode=none"),
     "vicreg_paper": ("objective=vicreg_paper",),
+    "rq": ("objective=rq",),
 }
 OBJECTIVES = ("scl", "vicreg_paper")
 PAPER_ALGORITHM = {"scl": ("RR F.3", "paper-lora"), "scl_constant_none": ("RR F.3", "paper-lora")}
 PAPER_ALGORITHM["vicreg_paper"] = ("RR F.2", "paper-vicreg")
+PAPER_ALGORITHM["rq"] = ("RR F.1", "paper-rq")
 FF_DIMS = (4, 8, 16)
 OUT = Path("benchmarks/claims")
 

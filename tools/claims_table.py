@@ -15,6 +15,7 @@ NAMES = {
     "scl": "SCL",
     "scl_constant_none": "SCL, constant_mode=none (eigtrain before the constant was held outside, 44f9c76)",
     "vicreg_paper": "VICReg (paper form)",
+    "rq": "RQ",
 }
 
 
