@@ -89,6 +89,19 @@ def main() -> None:
                 seconds, peak = command(data, Path(tmp) / f"rr{r}")
                 ours.append(seconds)
                 peaks.append(peak)
+                # the command's figures at once (at d = 8,192 the reference takes as long again)
+                print(
+                    json.dumps(
+                        {
+                            "d": d,
+                            "n": args.n,
+                            "repeat": r,
+                            "eigtrain_rr_s": round(seconds, 2),
+                            "eigtrain_rr_peak_gib": round(peak, 2),
+                        }
+                    ),
+                    flush=True,
+                )
                 theirs.append(reference(data))
             row = {
                 "d": d,

@@ -222,7 +222,14 @@ class RRAccumulator:
         return gff, ggg, kfg, mf, mg
 
     def view_moments(self, center: bool):
-        """One encoder on two views: (Gram over both views, symmetrized cross moment), raw or centered. Both views
-        sample the same marginal, and T is self-adjoint: the estimate is symmetrized."""
-        gff, ggg, kfg, _, _ = self.second_moments(center)
-        return (gff + ggg) / 2, (kfg + kfg.T) / 2
+        """One encoder on two views: (Gram over both views, symmetrized cross moment), raw or centered (about the
+        pooled mean). Both views sample the same marginal, and T is self-adjoint: the estimate is symmetrized. Made
+        from the sums directly: no per-view d x d moment on the way."""
+        if self.n < 2:
+            raise ValueError(f"Rayleigh-Ritz needs at least 2 pairs, got {self.n}")
+        pooled = (self.mean_f + self.mean_g) / 2
+        af, ag = (self.mean_f - pooled, self.mean_g - pooled) if center else (self.mean_f, self.mean_g)
+        n = self.n
+        gram = (self.c_ff + self.c_gg).div_(2 * n).addr_(af, af, alpha=0.5).addr_(ag, ag, alpha=0.5)
+        cross = (self.c_fg + self.c_fg.T).div_(2 * n).addr_(af, ag, alpha=0.5).addr_(ag, af, alpha=0.5)
+        return gram, cross

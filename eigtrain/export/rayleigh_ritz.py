@@ -254,13 +254,15 @@ def solve(
         )
     exclude = trivial == "exclude"
     center = centered(mode, center, trivial)
-    gff, ggg, kfg, mf, mg = acc.second_moments(center)
-    raw_f, raw_g, _, _, _ = acc.second_moments(False)
-
     if mode == "svd":
+        gff, ggg, kfg, mf, mg = acc.second_moments(center)
+        raw_f, raw_g, _, _, _ = acc.second_moments(False)
         return _solve_svd(acc, gff, ggg, kfg, mf, mg, raw_f, raw_g, ridge, rtol, exclude)
 
     gram, cross = acc.view_moments(center)
+    pooled = (acc.mean_f + acc.mean_g) / 2  # one encoder: both views share one mean
+    mf = pooled if center else torch.zeros_like(pooled)
+    raw = acc.view_moments(False)[0] if center else gram  # the raw Gram over both views
     whitener = _cholesky_whitener(gram, ridge, rtol, acc.n) if mode == "generalized" else None
     if whitener is None:
         evals, evecs = _range(gram, ridge, rtol, "the embedding", acc.n)
@@ -277,7 +279,6 @@ def solve(
         values, transform = evals, evecs * evals.rsqrt()  # the ridge enters Sigma^{-1/2} as in the other modes
     fix_signs(transform)
     result = RRResult(values, transform, mf, mode, acc.n, extra=extra)
-    pooled, raw = (acc.mean_f + acc.mean_g) / 2, (raw_f + raw_g) / 2
     readout = constant_readout(raw, pooled, rtol, full_rank=ridge == 0 and len(evals) == len(gram)) if exclude else None
     rank = _rank(gram, ridge, rtol, evals)
     result.dims = _dims_report(gram, raw, pooled, exclude, rtol, transform.shape[1], rank, readout)
