@@ -19,7 +19,6 @@ The export directory appears only when complete (written beside it, then renamed
 from __future__ import annotations
 
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -269,15 +268,13 @@ def run(cfg: RRJobConfig) -> dict:
     if target:  # before any work: never replace what eigtrain-rr did not write
         check_export_target(Path(target), cfg.overwrite)
     if cfg.embeddings:
+        acc, expected = reduce_embeddings(cfg.embeddings, pairs, env.rank, env.world_size, folds=cfg.folds)
         path = Path(cfg.embeddings)
-        with ThreadPoolExecutor(1) as pool:  # the files' hash beside the pass (hashlib leaves the GIL to the products)
-            digest = pool.submit(files_sha256 if path.is_dir() else file_sha256, path) if env.rank == 0 else None
-            acc, expected = reduce_embeddings(cfg.embeddings, pairs, env.rank, env.world_size, folds=cfg.folds)
-            source: dict[str, Any] = {
-                "kind": "embeddings",
-                "path": str(path.resolve()),
-                "sha256": digest.result() if digest is not None else None,
-            }
+        source: dict[str, Any] = {
+            "kind": "embeddings",
+            "path": str(path.resolve()),
+            "sha256": (files_sha256(path) if path.is_dir() else file_sha256(path)) if env.rank == 0 else None,
+        }
         assert cfg.out is not None  # RRJobConfig requires out= with embeddings= and encoder=
         out = Path(cfg.out)
     elif cfg.encoder.name:
