@@ -57,6 +57,8 @@ class PooledFoldSums:
 
     def add(self, f: torch.Tensor, g: torch.Tensor, fold: torch.Tensor) -> None:
         """Rows f, g (float64) into their folds (`fold`: each row's, in [0, folds))."""
+        if len(fold) and not 0 <= int(fold.min()) <= int(fold.max()) < self.folds:  # never drop a row
+            raise ValueError(f"a row's fold must lie in [0, {self.folds}), got {int(fold.min())}..{int(fold.max())}")
         if self.shift is None:
             self.shift = (f.mean(0) + g.mean(0)) / 2
         for i in range(self.folds):

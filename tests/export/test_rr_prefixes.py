@@ -115,3 +115,16 @@ def test_ties_variance_orders_the_undetermined_groups_and_the_default_does_not(t
     first = lambda t: ((torch.from_numpy(z1) - t["mean"]) @ t["transform"][:, 0]).numpy()  # noqa: E731
     assert abs(np.corrcoef(first(plain), latent[:, louder])[0, 1]) < 0.9
     assert abs(np.corrcoef(first(tied), latent[:, louder])[0, 1]) > 0.999
+
+
+def test_fewer_folds_at_large_d_still_take_every_row(tmp_path, monkeypatch):
+    """At large d the accumulator keeps fewer folds than asked (moments.FOLDS_BYTES): rows are assigned among those."""
+    import eigtrain.export.moments as moments
+
+    z1, z2 = _pairs(n=900)
+    np.savez(tmp_path / "emb.npz", z1=z1, z2=z2)
+    monkeypatch.setattr(moments, "FOLDS_BYTES", 24 * z1.shape[1] ** 2 * 3)  # room for 3 folds
+    acc, total = reduce_embeddings(str(tmp_path / "emb.npz"), False, folds=8)
+    assert acc.fold_count == 3 and acc.n == total == 900 and [f.n for f in acc.folds] == [300] * 3
+    with pytest.raises(ValueError, match="fold must lie in"):
+        acc.update(torch.from_numpy(z1[:4]), torch.from_numpy(z2[:4]), fold=torch.full((4,), 3))
