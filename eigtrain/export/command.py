@@ -161,7 +161,9 @@ def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, blo
     acc = RRAccumulator(d1, pairs=pairs, dim_right=d2 if pairs else None, folds=folds)
     row = embedding_files.total_rows(chunks) * rank // world  # the first of this rank's rows (iter_blocks' share)
     for z1, z2 in embedding_files.iter_blocks(chunks, rank, world, block):
-        acc.update(torch.from_numpy(z1), torch.from_numpy(z2), fold=torch.arange(row, row + len(z1)) % max(folds, 1))
+        # the accumulator's fold count: fewer than asked at large d (moments.FOLDS_BYTES)
+        fold = torch.arange(row, row + len(z1)) % max(acc.fold_count, 1)
+        acc.update(torch.from_numpy(z1), torch.from_numpy(z2), fold=fold)
         row += len(z1)
     return acc, embedding_files.total_rows(chunks)
 

@@ -195,7 +195,7 @@ def reduce_views(encode, stream: ShardStream, augment, acc: RRAccumulator, devic
         with autocast(device):
             z = encode(torch.cat([v1, v2]))
         z1, z2 = z.float().chunk(2)
-        acc.update(z1, z2, fold=key_folds(batch["key"], len(acc.folds or ())))
+        acc.update(z1, z2, fold=key_folds(batch["key"], acc.fold_count))
     return acc
 
 
@@ -226,7 +226,7 @@ def reduce_pairs(
         a = augment.view(a, generator, 1) if a.dtype == torch.uint8 else a
         with autocast(device):
             z1, z2 = run.encoder(x, a)
-        acc.update(z1.float(), z2.float(), fold=key_folds(batch["key"], len(acc.folds or ())))
+        acc.update(z1.float(), z2.float(), fold=key_folds(batch["key"], acc.fold_count))
     return acc, stream.num_samples
 
 

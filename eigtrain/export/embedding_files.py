@@ -153,8 +153,10 @@ def iter_blocks(
             e = min(s + block, stop)
             z1, z2 = (np.array(z[s:e], dtype=np.float64) for z in (chunk.z1, chunk.z2))  # read into memory
             for key, z in (("z1", z1), ("z2", z2)):
+                if np.isfinite(z.sum(axis=0)).all():  # a NaN or inf makes its column's sum non-finite
+                    continue
                 finite = np.isfinite(z).all(axis=1)
-                if not finite.all():
+                if not finite.all():  # (else finite values whose sum overflowed: the moments will say so)
                     row = s + int(np.argmin(finite))
                     raise EmbeddingFileError(
                         f"{chunk.name}: row {row} of {key} holds NaN or inf; "

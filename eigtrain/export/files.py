@@ -165,13 +165,13 @@ def _floats(values) -> list[float] | None:
 
 
 def plot_decay(eigenvalues: torch.Tensor, path: str | os.PathLike, title: str = "") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # no pyplot: no backend or figure manager to load
+    from matplotlib.figure import Figure
 
     values = eigenvalues.detach().cpu().double().numpy()
-    fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
+    fig = Figure(figsize=(5, 3.5), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     ax.plot(range(1, len(values) + 1), values, marker="o", markersize=3)
     ax.set_xlabel("index i")
     ax.set_ylabel("eigenvalue / singular value")
@@ -181,7 +181,6 @@ def plot_decay(eigenvalues: torch.Tensor, path: str | os.PathLike, title: str = 
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 class OrderedHead(nn.Module):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from eigtrain.export.fold_sums import PooledFoldSums
+
 FOLDS_BYTES = 8 << 30  # the most the folds' float64 co-moments may hold
 F64 = torch.float64
 
@@ -13,10 +15,10 @@ def _batch_moments(f: torch.Tensor, g: torch.Tensor):
     """(n, mean f, mean g, centered co-moment sums ff, gg, fg) of one batch, for `RRAccumulator._merge`."""
     mf, mg = f.mean(0), g.mean(0)
     fc, gc = f - mf, g - mg
-    return len(f), mf, mg, _t_matmul(fc, fc), _t_matmul(gc, gc), _t_matmul(fc, gc)
+    return len(f), mf, mg, t_matmul(fc, fc), t_matmul(gc, gc), t_matmul(fc, gc)
 
 
-def _t_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def t_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a^T b. On the CPU through numpy's BLAS, which runs float64 products about twice as fast as torch's here
     (tools/bench_rr_scale.py: the pass is bound by these products); elsewhere torch's."""
     if a.device.type != "cpu":
@@ -25,11 +27,17 @@ def _t_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _synced(name: str) -> property:
-    """A statistic of the whole, merged from the folds when read (RRAccumulator._sync)."""
+    """A statistic of the whole, merged from the folds when read (RRAccumulator._sync); a co-moment never written
+    is made (zeros) when first read."""
 
     def get(self):
         self._sync()
-        return getattr(self, "_" + name)
+        value = getattr(self, "_" + name)
+        if value is None:
+            shapes = {"c_ff": (self.dim, self.dim), "c_gg": (self.dim_right,) * 2, "c_fg": (self.dim, self.dim_right)}
+            value = torch.zeros(*shapes[name], dtype=F64, device=self.device)
+            setattr(self, "_" + name, value)
+        return value
 
     def put(self, value):
         setattr(self, "_" + name, value)
@@ -38,7 +46,8 @@ def _synced(name: str) -> property:
 
 
 class RRAccumulator:
-    """Streaming float64 statistics of pairs: count, means, centered co-moment sums."""
+    """Streaming float64 statistics of pairs: count, means, centered co-moment sums. One that keeps folds holds what
+    one encoder on two views uses (eigtrain.export.fold_sums): c_ff + c_gg and the symmetric part of c_fg."""
 
     def __init__(self, dim: int, pairs: bool = False, dim_right: int | None = None, device="cpu", folds: int = 0):
         if dim_right is not None and not pairs:
@@ -51,26 +60,45 @@ class RRAccumulator:
         self._reset()
         # folds: the statistics of `folds` disjoint parts of the rows (rr_prefixes.cut_errors, one encoder only);
         # every update then says each row's fold, by something that does not depend on the ranks. Rows go into
-        # their fold only; the whole is their exact merge, made when it is read (`_sync`): one merge per row.
-        # their co-moments take at most FOLDS_BYTES: d = 8,192 keeps 5 folds (1.5 GiB each), d <= 4,096 keeps 8
+        # their fold's sums only (eigtrain.export.fold_sums: half the products); the folds and the whole are made
+        # from them when read (`_sync`). Their co-moments take at most FOLDS_BYTES: d = 8,192 keeps 5 folds
+        # (1.5 GiB each), d <= 4,096 keeps 8
         keep = folds > 1 and not pairs
         folds = min(folds, max(2, FOLDS_BYTES // (24 * dim * self.dim_right)))
-        self.folds = tuple(RRAccumulator(dim, pairs, dim_right, device) for _ in range(folds)) if keep else None
+        self.fold_count = folds if keep else 0
+        self._folds = tuple(RRAccumulator(dim, pairs, dim_right, device) for _ in range(folds)) if keep else None
+        self._sums = PooledFoldSums(folds, dim, device) if keep else None
         self._stale = False
+
+    @property
+    def folds(self) -> "tuple[RRAccumulator, ...] | None":
+        """The folds' accumulators (None when none are kept), their statistics up to date."""
+        self._sync()
+        return self._folds
 
     def _reset(self) -> None:
         d, e = self.dim, self.dim_right
         zeros = lambda *s: torch.zeros(*s, dtype=F64, device=self.device)  # noqa: E731
         self._n = 0
         self._mean_f, self._mean_g = zeros(d), zeros(e)
-        self._c_ff, self._c_gg, self._c_fg = zeros(d, d), zeros(e, e), zeros(d, e)
+        self._c_ff = self._c_gg = self._c_fg = None  # made by the first merge (or zeros when read first: `_synced`)
 
     def _sync(self) -> None:
-        """The whole's statistics as the exact merge of its folds' (after updates that went to the folds only)."""
+        """The folds' and the whole's statistics from the rows' sums (the whole: the exact sum of the folds'), or the
+        whole as the exact merge of its folds' (after an all-reduce or a merge of folds)."""
+        sums = self._sums
+        if sums is not None and sums.rows:
+            assert self._folds is not None  # kept together
+            self._sums = PooledFoldSums(sums.folds, self.dim, self.device)  # for rows added later
+            if not self._stale:  # the whole first: its conversion reads every fold's sums
+                self._merge(*sums.moments(None), fresh=True)
+            for i, fold in enumerate(self._folds):
+                if sums.n[i]:
+                    fold._merge(*sums.moments(i), fresh=True)
         if self._stale:
             self._stale = False
             self._reset()
-            for fold in self.folds or ():
+            for fold in self._folds or ():
                 self._merge(fold.n, fold.mean_f, fold.mean_g, fold.c_ff, fold.c_gg, fold.c_fg)
 
     n, mean_f, mean_g = _synced("n"), _synced("mean_f"), _synced("mean_g")
@@ -91,19 +119,15 @@ class RRAccumulator:
         if len(z1) == 0:
             return
         f, g = z1.to(self.device, F64), z2.to(self.device, F64)
-        if not (torch.isfinite(f).all() and torch.isfinite(g).all()):
+        # a NaN or inf makes its column's sum non-finite: one pass per view, no mask of the batch's size
+        if not (torch.isfinite(f.sum(0)).all() and torch.isfinite(g.sum(0)).all()):
             raise ValueError("non-finite values in the embeddings given to Rayleigh-Ritz")
-        if self.folds is None:
+        if self._sums is None:
             self._merge(*_batch_moments(f, g))
             return
         if fold is None or len(fold) != len(f):
             raise ValueError("an accumulator that keeps folds needs each row's fold")
-        fold = fold.to(f.device, torch.long)
-        for i, acc in enumerate(self.folds):  # each row's products once, into its fold
-            rows = fold == i
-            if rows.any():
-                acc._merge(*_batch_moments(f[rows], g[rows]))
-                self._stale = True
+        self._sums.add(f, g, fold.to(f.device, torch.long))  # each row's products once, into its fold
 
     def merge(self, other: "RRAccumulator") -> None:
         """Fold another accumulator in (exact: the same result as one pass over both streams)."""
@@ -116,22 +140,27 @@ class RRAccumulator:
             return
         dev = self.device
         self._merge(other.n, *(t.to(dev) for t in (other.mean_f, other.mean_g, other.c_ff, other.c_gg, other.c_fg)))
-        self.folds = None  # the other part's rows have no (matching) folds: the folds would not cover the data
+        self._folds = self._sums = None  # the other part's rows have no (matching) folds: they would not cover the data
+        self.fold_count = 0
 
-    def _merge(self, nb, mf, mg, cff, cgg, cfg) -> None:
+    def _merge(self, nb, mf, mg, cff, cgg, cfg, fresh: bool = False) -> None:
+        """Chan's update with another part's (count, means, centered co-moment sums); fresh: the co-moments are
+        new tensors, taken as they are by an empty accumulator (else copied)."""
         na, n = self._n, self._n + nb
         if nb == 0:
             return
         if na == 0:  # the first part: its statistics as they are
-            self._c_ff.copy_(cff), self._c_gg.copy_(cgg), self._c_fg.copy_(cfg)
+            own = (cff, cgg, cfg) if fresh else (cff.clone(), cgg.clone(), cfg.clone())
+            self._c_ff, self._c_gg, self._c_fg = own
             self._mean_f.copy_(mf), self._mean_g.copy_(mg)
             self._n = nb
             return
         df, dg = mf - self._mean_f, mg - self._mean_g
         w = na * nb / n
-        self._c_ff += cff + w * torch.outer(df, df)
-        self._c_gg += cgg + w * torch.outer(dg, dg)
-        self._c_fg += cfg + w * torch.outer(df, dg)
+        assert self._c_ff is not None and self._c_gg is not None and self._c_fg is not None  # set with na > 0
+        self._c_ff.add_(cff).addr_(df, df, alpha=w)  # in place: no temporary of d x d
+        self._c_gg.add_(cgg).addr_(dg, dg, alpha=w)
+        self._c_fg.add_(cfg).addr_(df, dg, alpha=w)
         self._mean_f += df * (nb / n)
         self._mean_g += dg * (nb / n)
         self._n = n
@@ -193,7 +222,14 @@ class RRAccumulator:
         return gff, ggg, kfg, mf, mg
 
     def view_moments(self, center: bool):
-        """One encoder on two views: (Gram over both views, symmetrized cross moment), raw or centered. Both views
-        sample the same marginal, and T is self-adjoint: the estimate is symmetrized."""
-        gff, ggg, kfg, _, _ = self.second_moments(center)
-        return (gff + ggg) / 2, (kfg + kfg.T) / 2
+        """One encoder on two views: (Gram over both views, symmetrized cross moment), raw or centered (about the
+        pooled mean). Both views sample the same marginal, and T is self-adjoint: the estimate is symmetrized. Made
+        from the sums directly: no per-view d x d moment on the way."""
+        if self.n < 2:
+            raise ValueError(f"Rayleigh-Ritz needs at least 2 pairs, got {self.n}")
+        pooled = (self.mean_f + self.mean_g) / 2
+        af, ag = (self.mean_f - pooled, self.mean_g - pooled) if center else (self.mean_f, self.mean_g)
+        n = self.n
+        gram = (self.c_ff + self.c_gg).div_(2 * n).addr_(af, af, alpha=0.5).addr_(ag, ag, alpha=0.5)
+        cross = (self.c_fg + self.c_fg.T).div_(2 * n).addr_(af, ag, alpha=0.5).addr_(ag, af, alpha=0.5)
+        return gram, cross

@@ -27,7 +27,7 @@ from dataclasses import replace
 
 import torch
 
-from eigtrain.export.moments import RRAccumulator
+from eigtrain.export.moments import RRAccumulator, t_matmul
 from eigtrain.export.rayleigh_ritz import RRResult, fix_signs
 
 CUT_LIMIT = 256  # cuts tested: after features 1 .. 256 (the prefixes users cut at; bounds the cost at large d)
@@ -48,13 +48,13 @@ def cut_errors(result: RRResult, acc: RRAccumulator) -> torch.Tensor | None:
     tiny = torch.finfo(t.dtype).eps * max(1.0, float(lam.abs().max()))
     gap = torch.where(gap.abs() < tiny, torch.full_like(gap, tiny), gap)  # an exact tie: no order at all
     half_sum = (lam[:m, None] + lam[None, :]) / 2
-    # each fold's moments about the whole's centre (the solve's), so a fold differs from the whole by noise only
-    whole_gram, whole_cross = _view_moments_about(acc, result.mean)
+    # each fold's moments about the whole's centre (the solve's), in the export's basis: the whole's are their
+    # average weighted by the folds' sizes (moments about one centre), so a fold differs from the whole by noise only
+    projected = [_projected_moments(fold, t, m, result.mean) for fold in acc.folds]
+    whole_gram, whole_cross = (sum(p[i] * (fold.n / acc.n) for p, fold in zip(projected, acc.folds)) for i in (0, 1))
     squared = torch.zeros_like(gap)
-    for fold in acc.folds:
-        gram, cross = _view_moments_about(fold, result.mean)
-        d_gram, d_cross = ((t[:, :m].T @ (x - whole)) @ t for x, whole in ((gram, whole_gram), (cross, whole_cross)))
-        rotation = (d_cross - half_sum * d_gram) / gap
+    for (gram, cross), fold in zip(projected, acc.folds):
+        rotation = ((cross - whole_cross) - half_sum * (gram - whole_gram)) / gap
         # sum_f n_f (M_f - M)^2 / (F - 1) estimates n Var(M): the whole's own squared error, per entry
         squared += rotation.square() * (fold.n / (acc.n * (len(acc.folds) - 1)))
     squared[torch.arange(m), torch.arange(m)] = 0
@@ -65,10 +65,19 @@ def cut_errors(result: RRResult, acc: RRAccumulator) -> torch.Tensor | None:
     return right[k - 1, k]
 
 
-def _view_moments_about(acc: RRAccumulator, mean: torch.Tensor):
-    """(Gram over both views, symmetrized cross moment) of acc about a given centre."""
-    gff, ggg, kfg, _, _ = acc.moments_about(mean, mean)
-    return (gff + ggg) / 2, (kfg + kfg.T) / 2
+def _projected_moments(acc: RRAccumulator, t: torch.Tensor, m: int, centre: torch.Tensor):
+    """(t[:, :m]^T G t, t[:, :m]^T K t): acc's Gram over both views and symmetrized cross moment about `centre`, in
+    the basis t. The means' parts are rank one, projected as vectors: the d x d work is two sums and the products."""
+    n, head = acc.n, t[:, :m]
+    af, ag = acc.mean_f - centre, acc.mean_g - centre
+    (hf, hg), (tf, tg) = ((x @ af, x @ ag) for x in (head.T, t.T))
+
+    def project(sums: torch.Tensor) -> torch.Tensor:
+        return t_matmul(t_matmul(head, sums).T, t) / (2 * n)  # (head^T sums) t through numpy's BLAS
+
+    gram = project(acc.c_ff + acc.c_gg) + (torch.outer(hf, tf) + torch.outer(hg, tg)) / 2
+    cross = project(acc.c_fg + acc.c_fg.T) + (torch.outer(hf, tg) + torch.outer(hg, tf)) / 2
+    return gram, cross
 
 
 def undetermined_cuts(errors: torch.Tensor | None) -> list[int]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eigtrain.export.moments import RRAccumulator
+from eigtrain.export.moments import RRAccumulator, t_matmul
 
 MODES = ("generalized", "paper-rq", "paper-vicreg", "paper-lora", "svd")
 TRIVIAL = ("exclude", "keep")
@@ -124,8 +124,16 @@ def _cholesky_whitener(gram: torch.Tensor, ridge: float, rtol: float, n: int) ->
 
 
 def _descending_eigh(sym: torch.Tensor):
-    evals, evecs = torch.linalg.eigh((sym + sym.T) / 2)
-    return evals.flip(0), evecs.flip(1)
+    sym = (sym + sym.T) / 2
+    if sym.device.type != "cpu":
+        evals, evecs = torch.linalg.eigh(sym)
+        return evals.flip(0), evecs.flip(1)
+    import scipy.linalg
+
+    # On the CPU the LAPACK of numpy/scipy (the moments' BLAS) rather than torch's: one library's threads for the whole
+    # pass (tools/bench_rr_scale.py; torch's eigh took 4.8 s at d = 512 on its first call in a loaded process)
+    evals, evecs = scipy.linalg.eigh(sym.numpy(), driver="evd", overwrite_a=True, check_finite=False)
+    return torch.from_numpy(evals).flip(0), torch.from_numpy(evecs).flip(1)
 
 
 def _rank(gram: torch.Tensor, ridge: float, rtol: float, range_evals: torch.Tensor) -> int:
@@ -246,21 +254,23 @@ def solve(
         )
     exclude = trivial == "exclude"
     center = centered(mode, center, trivial)
-    gff, ggg, kfg, mf, mg = acc.second_moments(center)
-    raw_f, raw_g, _, _, _ = acc.second_moments(False)
-
     if mode == "svd":
+        gff, ggg, kfg, mf, mg = acc.second_moments(center)
+        raw_f, raw_g, _, _, _ = acc.second_moments(False)
         return _solve_svd(acc, gff, ggg, kfg, mf, mg, raw_f, raw_g, ridge, rtol, exclude)
 
     gram, cross = acc.view_moments(center)
+    pooled = (acc.mean_f + acc.mean_g) / 2  # one encoder: both views share one mean
+    mf = pooled if center else torch.zeros_like(pooled)
+    raw = acc.view_moments(False)[0] if center else gram  # the raw Gram over both views
     whitener = _cholesky_whitener(gram, ridge, rtol, acc.n) if mode == "generalized" else None
     if whitener is None:
         evals, evecs = _range(gram, ridge, rtol, "the embedding", acc.n)
     extra: dict = {}
     if mode == "generalized":  # the exact solve: whiten by the Gram on its range, then K's eigenbasis there
         w = evecs * evals.rsqrt() if whitener is None else whitener
-        values, y = _descending_eigh(w.T @ cross @ w)
-        transform = w @ y
+        values, y = _descending_eigh(t_matmul(w, t_matmul(cross, w)))  # w^T K w (K symmetric), numpy's BLAS
+        transform = t_matmul(w.T, y)
         evals = torch.ones(w.shape[1], dtype=F64) if whitener is not None else evals  # only its size is used below
     elif mode in ("paper-rq", "paper-vicreg"):  # Algorithms F.1 / F.2: the basis is taken as orthonormal
         values, y = _descending_eigh(evecs.T @ cross @ evecs)  # (on the range: null directions are zero features)
@@ -269,7 +279,6 @@ def solve(
         values, transform = evals, evecs * evals.rsqrt()  # the ridge enters Sigma^{-1/2} as in the other modes
     fix_signs(transform)
     result = RRResult(values, transform, mf, mode, acc.n, extra=extra)
-    pooled, raw = (acc.mean_f + acc.mean_g) / 2, (raw_f + raw_g) / 2
     readout = constant_readout(raw, pooled, rtol, full_rank=ridge == 0 and len(evals) == len(gram)) if exclude else None
     rank = _rank(gram, ridge, rtol, evals)
     result.dims = _dims_report(gram, raw, pooled, exclude, rtol, transform.shape[1], rank, readout)

@@ -45,7 +45,10 @@ def test_folds_follow_the_global_row_whatever_the_ranks(tmp_path):
         parts[0].merge(part)
     assert [f.n for f in parts[0].folds] == [f.n for f in whole.folds] == [751, 750, 750, 750]
     for mine, theirs in zip(parts[0].folds, whole.folds):
-        assert torch.allclose(mine.c_fg, theirs.c_fg, rtol=1e-10) and torch.allclose(mine.mean_f, theirs.mean_f)
+        # folds hold what one encoder on two views uses: the cross moment's symmetric part (eigtrain.export.fold_sums)
+        sym_mine, sym_theirs = ((a.c_fg + a.c_fg.T) / 2 for a in (mine, theirs))
+        assert torch.allclose(sym_mine, sym_theirs, rtol=1e-10) and torch.allclose(mine.mean_f, theirs.mean_f)
+        assert torch.allclose(mine.c_ff + mine.c_gg, theirs.c_ff + theirs.c_gg, rtol=1e-10)
     merged, single = (cut_errors(solve(a), a) for a in (parts[0], whole))
     torch.testing.assert_close(merged, single, rtol=1e-6, atol=1e-9)
 
@@ -112,3 +115,16 @@ def test_ties_variance_orders_the_undetermined_groups_and_the_default_does_not(t
     first = lambda t: ((torch.from_numpy(z1) - t["mean"]) @ t["transform"][:, 0]).numpy()  # noqa: E731
     assert abs(np.corrcoef(first(plain), latent[:, louder])[0, 1]) < 0.9
     assert abs(np.corrcoef(first(tied), latent[:, louder])[0, 1]) > 0.999
+
+
+def test_fewer_folds_at_large_d_still_take_every_row(tmp_path, monkeypatch):
+    """At large d the accumulator keeps fewer folds than asked (moments.FOLDS_BYTES): rows are assigned among those."""
+    import eigtrain.export.moments as moments
+
+    z1, z2 = _pairs(n=900)
+    np.savez(tmp_path / "emb.npz", z1=z1, z2=z2)
+    monkeypatch.setattr(moments, "FOLDS_BYTES", 24 * z1.shape[1] ** 2 * 3)  # room for 3 folds
+    acc, total = reduce_embeddings(str(tmp_path / "emb.npz"), False, folds=8)
+    assert acc.fold_count == 3 and acc.n == total == 900 and [f.n for f in acc.folds] == [300] * 3
+    with pytest.raises(ValueError, match="fold must lie in"):
+        acc.update(torch.from_numpy(z1[:4]), torch.from_numpy(z2[:4]), fold=torch.full((4,), 3))
