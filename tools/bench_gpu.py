@@ -286,7 +286,7 @@ def preset_checks(batch: torch.Tensor, device: torch.device, compiled_preset: st
             t0 = time.perf_counter()
             views = [compiled.batched(images, block, i) for i in (0, 1)]  # compiles here (or falls back, warning)
             found["compile_s"] = time.perf_counter() - t0
-            found["compiled"] = compiled.compile
+            found["compiled"] = compiled.compile_views  # (nn.Module.compile is a method)
             diffs = [
                 (v.float() - eager.batched(images, block, i).float()).abs().max().item() for i, v in enumerate(views)
             ]

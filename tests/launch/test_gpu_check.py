@@ -233,3 +233,25 @@ def test_every_gpu_training_step_names_only_known_config_keys_and_values():
         cfg = compose_config([o.replace("device=cuda", "device=cpu") for o in overrides])  # raises on a bad key/value
         validate(cfg, world_size=1)  # raises on a value out of its choices
         assert cfg.steps == 6, step.name
+
+
+def test_bench_presets_mode_reports_every_preset_as_json_on_the_cpu(monkeypatch):
+    """The presets mode's report (the compiled branch too, with torch.compile as the identity here) is plain JSON:
+    the H200 run of 2026-11-27 lost the mode to a bound method in it."""
+    import json
+
+    import torch
+
+    from bench_gpu import PRESETS, preset_checks
+    from eigtrain.data import augment_batched
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    augment_batched.compiled_view.cache_clear()
+    images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    try:
+        found = preset_checks(images, torch.device("cpu"), "cifar", {"compile": True})
+    finally:
+        augment_batched.compiled_view.cache_clear()
+    report = json.loads(json.dumps(found))
+    assert set(report) == set(PRESETS)
+    assert report["cifar"]["compiled"] is True and report["cifar"]["max_abs_compiled_minus_eager"] == 0.0
