@@ -241,8 +241,8 @@ def test_bench_presets_mode_reports_every_preset_as_json_on_the_cpu(monkeypatch)
     import json
 
     import torch
-
     from bench_gpu import PRESETS, preset_checks
+
     from eigtrain.data import augment_batched
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
@@ -255,3 +255,10 @@ def test_bench_presets_mode_reports_every_preset_as_json_on_the_cpu(monkeypatch)
     report = json.loads(json.dumps(found))
     assert set(report) == set(PRESETS)
     assert report["cifar"]["compiled"] is True and report["cifar"]["max_abs_compiled_minus_eager"] == 0.0
+
+
+def test_docs_gpu_table_is_generated_from_the_stored_reports():
+    import gpu_table
+
+    assert gpu_table.block() in gpu_table.DOC.read_text(), "stale: run python tools/gpu_table.py"
+    assert len(gpu_table.table()) > 2  # the stored reports have rows

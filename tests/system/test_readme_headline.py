@@ -21,3 +21,17 @@ def test_readme_headline_is_the_claims_table(monkeypatch):
     assert expected in (ROOT / "README.md").read_text(), (
         "README's headline table is stale: run python tools/claims_table.py"
     )
+
+
+def test_readme_is_a_front_page_with_figures_only_in_its_generated_table():
+    """At most 100 lines, and no measured figure (a decimal or a thousands-separated number) outside the generated
+    headline block and code: figures live in generated tables (issue 35). Python's version is no figure."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 100
+    prose = re.sub(r"<!-- headline:.*?<!-- /headline -->", "", text, flags=re.S)
+    prose = re.sub(r"```.*?```|`[^`\n]*`|\]\([^)]*\)", "", prose, flags=re.S)
+    prose = re.sub(r"Python ≥ \d+\.\d+", "", prose)
+    figures = re.findall(r"(?<![\w.])\d+(?:\.\d+|,\d{3})+(?![\w.])", prose)
+    assert not figures, f"figures outside README's generated table: {figures}"
