@@ -5,8 +5,8 @@
 # eigenvalues are near-equal, so which 4 features come first is not determined by the data (the export's `cuts` say
 # where), and k = 4 differences are within noise.
 # Where the checkout is itself a fresh clone (CI's: nothing untracked or ignored in it), the quickstart runs there,
-# and the test suite's set-up then adds only the dev extra to the quickstart's .venv: the dependencies (several GB)
-# are installed once, not twice. Anywhere else it runs in a clone in an empty temporary directory.
+# with the dev extra installed first, so the quickstart, lint and the tests share one install (the dependencies are
+# several GB; each `pip install -e` costs a build and a resolve). Anywhere else it runs in a clone in an empty temporary directory.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 if [ -z "$(git -C "$repo" status --porcelain --ignored)" ]; then
@@ -17,6 +17,9 @@ else
   git clone -q "$repo" "$work/eigtrain"
   cd "$work/eigtrain"
 fi
+# in place (CI), one install for the whole run: the dev extra now (lint and tests need it), which the quickstart's
+# own venv_install then finds done
+[ "$(pwd)" = "$repo" ] && (source tools/venv.sh && venv_install '[dev]')
 env -u STEPS bash tools/quickstart.sh
 .venv/bin/python - <<'PY'
 import json

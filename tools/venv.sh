@@ -4,11 +4,13 @@
 # script in one CI run does not build and resolve the same install again (each `pip install -e` builds the package
 # in an isolated environment: ~20 s on 2 cores).
 venv_install() {
-  local extras=${1:-} stamp=.venv/eigtrain-install.stamp want
+  local extras=${1:-} stamp=.venv/eigtrain-install.stamp tree
   [ -x .venv/bin/python ] || python3 -m venv .venv
-  want="$extras $( (cat pyproject.toml setup.py; ls -d configs/*/ launch eigtrain/*/) | sha256sum | cut -c1-16)"
-  if [ -f "$stamp" ] && grep -qxF -- "$want" "$stamp"; then return 0; fi
+  tree=$( (cat pyproject.toml setup.py; ls -d configs/*/ launch eigtrain/*/) | sha256sum | cut -c1-16)
+  if [ -f "$stamp" ] && grep -qxF -- "$extras $tree" "$stamp"; then return 0; fi
+  # the dev extra adds tools only: an install with it serves a request without extras (CI installs once)
+  if [ -z "$extras" ] && [ -f "$stamp" ] && grep -qxF -- "[dev] $tree" "$stamp"; then return 0; fi
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
   .venv/bin/python -m pip install -q --disable-pip-version-check -e ".$extras"
-  echo "$want" >> "$stamp"
+  echo "$extras $tree" >> "$stamp"
 }
