@@ -32,7 +32,8 @@ def resample_separable(images: torch.Tensor, boxes: torch.Tensor, flip: torch.Te
     cols, col_w = _taps(sign * w / canvas_w, (2 * x0 + w) / canvas_w - 1, size[1], canvas_w, mode)  # (B, W', T)
     rows, row_w = _taps(h / canvas_h, (2 * y0 + h) / canvas_h - 1, size[0], canvas_h, mode)  # (B, H', T)
     # every tap read straight from the uint8 images by small broadcast indices (B, 1, 1), (B, H', 1), (B, 1, W'):
-    # one pointwise kernel, nothing in between; summed as grid_sample does, along each row, then across the rows
+    # one pointwise kernel, nothing in between; summed as grid_sample does, along each row, then across the rows;
+    # laid out as the images (NCHW), as grid_sample returns it
     pixels, sample = images.permute(0, 2, 3, 1), torch.arange(B, device=images.device)[:, None, None]
 
     def tap(i: int, j: int) -> torch.Tensor:
@@ -40,7 +41,7 @@ def resample_separable(images: torch.Tensor, boxes: torch.Tensor, flip: torch.Te
         return at.float().div(255) * col_w[:, None, None, :, j]
 
     taps = range(cols.shape[-1])
-    return _sum([_sum([tap(i, j) for j in taps]) * row_w[:, None, :, None, i] for i in taps])
+    return _sum([_sum([tap(i, j) for j in taps]) * row_w[:, None, :, None, i] for i in taps]).contiguous()
 
 
 def _taps(scale: torch.Tensor, shift: torch.Tensor, n_out: int, n_in: int, mode: str):
