@@ -31,7 +31,8 @@ def view_calls(augment, images: torch.Tensor, blocks: list[torch.Tensor], fusabl
     views = []
     for index, recipe in enumerate(augment.views):
         if compile:
-            views.append(compiled_view(recipe, *options, fusable=fusable))
+            # the fusable form with the trainer's very arguments: its cached graph is the one the step then reuses
+            views.append(compiled_view(recipe, *options) if fusable else compiled_view(recipe, *options, False))
         else:
             views.append(
                 lambda i, b, s, m, d, recipe=recipe: batched_view(
