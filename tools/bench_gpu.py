@@ -12,7 +12,9 @@ guarded optimizer update) in modes:
   - components: the synthetic step's parts, each timed alone: augment_only (StepInputs: both views from the batch)
     and step_on_made_views (engine.train_step on views made once: encoder, objective, backward, update), so the
     gap to the reference splits into augmentation and the rest;
-  - presets: no timing: host synchronisations of the augmentation alone, for every preset (CUDA sync-debug mode).
+  - presets: no timing: host synchronisations of the augmentation alone, for every preset (CUDA sync-debug mode);
+  - augment_forms: the augmentation alone (both views, compiled on CUDA) in its reference (grid_sample, grouped
+    convolutions) and fusable forms side by side, with the top kernels of each (tools/bench_augment.py).
 Each timed mode: --repeats runs of --steps steps (CUDA events), after --warmup steps; the median and the spread
 ((slowest - fastest) / median) of the seconds per step; views/s (2 per pair) and pairs/s; MFU = 3 x forward FLOPs
 (torch's FlopCounterMode) / step time / the GPU's dense bf16 peak; host syncs per step (3 more steps under sync-debug
@@ -41,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_augment import compare_forms
 from bench_timing import driver_device_name, host_syncs_per_step, summary, sync_sources, timed_repeats
 
 from eigtrain.data import build_augment
@@ -57,7 +60,7 @@ from eigtrain.train.step_inputs import StepInputs, make_loss_fn, view_options
 
 # Dense bf16 tensor-core peaks (TFLOP/s) by device name; --peak-tflops overrides.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
-MODES = ("presets", "synthetic", "reference", "jpeg", "png", "ddp", "components")
+MODES = ("presets", "synthetic", "reference", "jpeg", "png", "ddp", "components", "augment_forms")
 # what `components` records: the step's parts, each timed alone (rows beside the step, no targets of their own)
 COMPONENTS = ("augment_only", "step_on_made_views")
 
@@ -365,7 +368,7 @@ def bench_case(
 
     def measure(mode: str) -> None:
         nonlocal resident
-        if mode in ("synthetic", "ddp", "presets", "components") and resident is None:
+        if mode in ("synthetic", "ddp", "presets", "components", "augment_forms") and resident is None:
             batches = loader("jpeg")
             resident = next(batches).to(device)  # the same batch every step, already on the device
             del batches
@@ -382,6 +385,10 @@ def bench_case(
             record(
                 "step_on_made_views", lambda: engine.train_step(made, loss_fn, lr=0.01, usable=usable), trainer_flops
             )
+        elif mode == "augment_forms":  # compiled as the trainer compiles it (on CUDA; eager on the CPU dry run)
+            compiled = inputs.augment.compile_views and device.type == "cuda"
+            case["modes"][mode] = compare_forms(inputs.augment, resident, device, timing, compiled)
+            report.write()
         elif mode == "reference":
             step, fwd = reference_step(model, size, batch, base.dim, device, compile, compile_mode)
             record(mode, step, 3.0 * fwd)

@@ -75,6 +75,9 @@ def throughput_steps(py: str, logs: Path) -> list[Step]:
          "ResNet-50 224 px b256 compiled with CUDA graphs (engine.compile_mode=reduce-overhead; the reference too)"),
         ("p_r50_components", 260, "resnet50:224:256", "components,synthetic,reference", True,
          "ResNet-50 224 px b256 compiled: the augmentation alone and the step on views made once, beside the step"),
+        ("p_r50_augment", 270, "resnet50:224:256", "augment_forms,synthetic,reference", True,
+         "ResNet-50 224 px b256 compiled: the augmentation's reference and fusable forms side by side with their top "
+         "kernels, then the step and the bare model"),
     ]  # fmt: skip
     return [
         Step(
@@ -425,6 +428,7 @@ def bench_lines(figures: dict) -> list[str]:
                     f"max |compiled - eager| {fmt(p.get('max_abs_compiled_minus_eager'), 4)})"
                 )
             targets.append(line)
+        targets += augment_form_lines(modes.get("augment_forms", {}))
     lines += ["", *targets]
     for case in figures.get("results", []):
         errors = [("", case["error"])] if case.get("error") else []
@@ -432,6 +436,29 @@ def bench_lines(figures: dict) -> list[str]:
         lines += [f"- FAILED {case['model']}@{case['image_size']}{where}: {error}" for where, error in errors]
     for name in figures.get("skipped", []):
         lines.append(f"- not measured (time budget): {name}")
+    return lines
+
+
+def augment_form_lines(forms: dict) -> list[str]:
+    """bench_gpu's augment_forms mode: each form's time per call (both views) and its top kernels."""
+    if "speedup" not in forms:
+        return []
+    lines = [
+        f"- augmentation alone, both views ({'compiled' if forms.get('compiled') else 'eager'}): reference form "
+        f"{fmt(forms['reference']['seconds_per_step'] * 1e3, 2)} ms, fusable form "
+        f"{fmt(forms['fusable']['seconds_per_step'] * 1e3, 2)} ms per call ({forms['speedup']:.2f}x; first calls "
+        f"{fmt(forms['reference'].get('first_call_s'), 1)} s and {fmt(forms['fusable'].get('first_call_s'), 1)} s; "
+        f"max |fusable - reference| {fmt(forms.get('max_abs_fusable_minus_reference'), 4)})"
+    ]
+    for form in ("reference", "fusable"):
+        kernels = forms[form].get("kernels", {})
+        top = "; ".join(
+            f"{k['name'][:60]} {k['us_per_call']:,.0f} us x{k['count']}" for k in kernels.get("top", [])[:5]
+        )
+        lines.append(
+            f"  - {form}: {fmt(kernels.get('ops_per_call'))} {kernels.get('what', 'ops')} per call, "
+            f"{fmt(kernels.get('total_us_per_call'))} us in all; top: {top}{kernels.get('error', '')}"
+        )
     return lines
 
 

@@ -12,7 +12,8 @@ import functools
 import torch
 
 from eigtrain.data.augment_draws import Sampler, draw
-from eigtrain.data.augment_ops import colour_blur_solarize, resample, where
+from eigtrain.data.augment_fusable import gaussian_blur_shifted, resample_separable
+from eigtrain.data.augment_ops import colour_blur_solarize, gaussian_blur, resample, where
 from eigtrain.data.augment_recipes import ViewRecipe
 
 
@@ -27,18 +28,29 @@ def batched_view(
     size: tuple[int, int],
     dtype: torch.dtype,
     channels_last: bool,
+    fusable: bool = False,
 ) -> torch.Tensor:
     """One view of a uint8 batch: crop + flip + resize (one grid_sample), colour, blur, solarization, normalization,
-    in `dtype` and (if asked) channels_last; every random parameter a function of `block`."""
+    in `dtype` and (if asked) channels_last; every random parameter a function of `block`. fusable: the crop and
+    the blur in the forms Inductor fuses (`augment_fusable`: equal up to float rounding), for the compiled view."""
     draws = draw(recipe, Sampler.from_block(block), images.shape, size, sizes)
-    x = resample(images.float().div(255), recipe, draws, size, sizes)
-    x = ((colour_blur_solarize(x, recipe, draws, where) - mean) / std).to(dtype)
+    if fusable and not (recipe.crop_scale is None and sizes is None):
+        mode = recipe.interpolation if recipe.crop_scale is not None else "bilinear"
+        x = resample_separable(images, draws.boxes, draws.flip, size, mode).clamp_(0, 1)  # bicubic overshoots
+    else:
+        x = resample(images.float().div(255), recipe, draws, size, sizes)
+    blur = gaussian_blur_shifted if fusable else gaussian_blur
+    x = ((colour_blur_solarize(x, recipe, draws, where, blur) - mean) / std).to(dtype)
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_view(recipe: ViewRecipe, size: tuple[int, int], dtype: torch.dtype, channels_last: bool):
+def compiled_view(
+    recipe: ViewRecipe, size: tuple[int, int], dtype: torch.dtype, channels_last: bool, fusable: bool = True
+):
     """`batched_view` for one recipe and output, compiled once per process (static shapes: a batch of another size,
-    such as a ragged last one, recompiles once)."""
-    view = functools.partial(batched_view, recipe=recipe, size=size, dtype=dtype, channels_last=channels_last)
+    such as a ragged last one, recompiles once); fusable=False (grid_sample and the convolutions) only to measure."""
+    view = functools.partial(
+        batched_view, recipe=recipe, size=size, dtype=dtype, channels_last=channels_last, fusable=fusable
+    )
     return torch.compile(view, fullgraph=True, dynamic=False)

@@ -86,9 +86,10 @@ def select(x: torch.Tensor, chosen: list, op, *args: torch.Tensor) -> torch.Tens
     return x
 
 
-def colour_blur_solarize(x: torch.Tensor, recipe: ViewRecipe, draws, pick) -> torch.Tensor:
+def colour_blur_solarize(x: torch.Tensor, recipe: ViewRecipe, draws, pick, blur=None) -> torch.Tensor:
     """Colour jitter (its four operations in each sample's own order), grayscale, blur and solarization, each
-    applied to the samples that drew it; `pick` is `where` (batched) or `select` (CPU)."""
+    applied to the samples that drew it; `pick` is `where` (batched) or `select` (CPU); `blur` is `gaussian_blur`
+    unless given (the compiled view's fusable form)."""
     if draws.jitter is not None:
         factors, order, apply = draws.jitter
         assert recipe.jitter is not None  # `draw` draws jitter only for a recipe with jitter
@@ -107,7 +108,8 @@ def colour_blur_solarize(x: torch.Tensor, recipe: ViewRecipe, draws, pick) -> to
     if draws.blur is not None:
         sigma, apply = draws.blur
         radius = min(math.ceil(3 * recipe.blur_sigma[1]), min(x.shape[-2:]) - 1)  # 3 sigma, within reflect padding
-        x = pick(x, apply, lambda y, s: gaussian_blur(y, s, radius), sigma)
+        blur = blur or gaussian_blur
+        x = pick(x, apply, lambda y, s: blur(y, s, radius), sigma)
     if draws.solarize is not None:
         x = pick(x, draws.solarize, lambda y: torch.where(y >= SOLARIZE_THRESHOLD, 1 - y, y))
     return x
@@ -193,7 +195,8 @@ def _hue(x, f):
     rise = torch.where(argmax == 0, g - b, torch.where(argmax == 1, b - r, r - g))
     hue = torch.remainder(rise.div_(delta.clamp_min(1e-12)).add_(argmax.mul(2)).add_(6 * f), 6)  # sextant 0..6
     # HSV -> RGB without branches: channel n in (r, g, b) = v - v*s*clamp(2 - |k - 2|, 0, 1), k = (n' + h) mod 6
-    k = torch.remainder(torch.cat([hue + 5.0, hue + 3.0, hue + 1.0], dim=1), 6)  # Python offsets: no host copy
+    # channel offsets 5, 3, 1 made on the device (no host copy) and broadcast: a cat would be a buffer of its own
+    k = torch.remainder(hue + torch.arange(5, 0, -2, device=x.device, dtype=x.dtype).view(1, 3, 1, 1), 6)
     return k.sub_(2).abs_().neg_().add_(2).clamp_(0, 1).mul_(delta).neg_().add_(maxc).clamp_(0, 1)
 
 

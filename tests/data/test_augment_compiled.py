@@ -1,9 +1,11 @@
 """The accelerator path of a view as one pure, compilable function of (uint8 images, the view's random block)
 (issue 37): one graph without a break (so no host read inside: a data-dependent read breaks the graph), the
-compiled graph's views equal the eager ones, the blur with per-sample sigma equals kornia's, one random draw per
-view, and a bound on the operations the eager path dispatches (each a kernel launch on a GPU)."""
+compiled graph's views (in the fusable form: gathers and shifted slices) equal the eager ones (grid_sample and
+grouped convolutions), each fusable operation equals its reference, the blur with per-sample sigma equals kornia's,
+one random draw per view, and a bound on the operations the eager path dispatches (each a kernel launch on a GPU)."""
 
 import functools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,16 +13,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from eigtrain.data import build_augment
 from eigtrain.data.augment_batched import batched_view
-from eigtrain.data.augment_draws import Sampler
-from eigtrain.data.augment_ops import gaussian_blur
+from eigtrain.data.augment_draws import Sampler, draw
+from eigtrain.data.augment_fusable import gaussian_blur_shifted, resample_separable
+from eigtrain.data.augment_ops import gaussian_blur, resample
+from eigtrain.data.augment_recipes import PRESETS
 
 SIZE = (16, 16)
 
 
-def view_fn(preset: str, index: int, dtype=torch.bfloat16, channels_last=True):
+def view_fn(preset: str, index: int, dtype=torch.bfloat16, channels_last=True, fusable=False):
     augment = build_augment(preset, image_size=SIZE)
     fn = functools.partial(
-        batched_view, recipe=augment.views[index], size=SIZE, dtype=dtype, channels_last=channels_last
+        batched_view, recipe=augment.views[index], size=SIZE, dtype=dtype, channels_last=channels_last, fusable=fusable
     )
     return fn, augment
 
@@ -45,11 +49,13 @@ def test_a_view_traces_into_one_graph_without_a_break(preset, channels, with_siz
 
 def test_the_compiled_graph_of_every_imagenet_view_equals_the_eager_views():
     """Both views of the preset with every operation (crop, bicubic, jitter, grayscale, blur, solarization), traced
-    whole (fullgraph) and run through AOTAutograd's decomposed graph; the output is bf16 channels_last."""
+    whole (fullgraph) in the fusable form the trainer compiles and run through AOTAutograd's decomposed graph, against
+    the eager views (grid_sample, convolutions); the output is bf16 channels_last."""
     images, block = inputs()
     for index in (0, 1):
         fn, augment = view_fn("imagenet", index)
-        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        fusable, _ = view_fn("imagenet", index, fusable=True)
+        compiled = torch.compile(fusable, backend="aot_eager", fullgraph=True)
         got, want = (
             compiled(images, block, None, augment.mean, augment.std),
             fn(images, block, None, augment.mean, augment.std),
@@ -76,6 +82,41 @@ def test_the_module_hands_the_same_views_to_the_compiled_path(monkeypatch):
     got = compiled.batched(images, block, 1)
     assert seen == dict(recipe=eager.views[1], size=SIZE, dtype=torch.bfloat16, channels_last=True)
     torch.testing.assert_close(got.float(), eager.batched(images, block, 1).bfloat16().float())
+
+
+@pytest.mark.parametrize(("preset", "with_sizes"), [("imagenet", False), ("imagenet", True), ("cifar", True)])
+def test_every_view_in_the_fusable_form_equals_the_reference_form_in_float32(preset, with_sizes):
+    """The whole view (crop, jitter, grayscale, blur, solarization, normalization) in fp32: float rounding apart."""
+    images, block = inputs()
+    sizes = torch.tensor([[24, 20], [12, 20], [24, 9], [5, 7]] * 2) if with_sizes else None
+    for index in (0, 1):
+        fn, augment = view_fn(preset, index, dtype=torch.float32, channels_last=False)
+        fusable, _ = view_fn(preset, index, dtype=torch.float32, channels_last=False, fusable=True)
+        want, got = (f(images, block, sizes, augment.mean, augment.std) for f in (fn, fusable))
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear"])
+def test_the_fusable_crop_equals_grid_sample(mode):
+    """Crop boxes (flipped or not, smaller and larger than the output, inside a padded canvas) sampled by per-axis
+    taps gathered from the uint8 images == grid_sample of the float images, border padding, to float rounding."""
+    recipe = PRESETS["imagenet"][0]
+    g = torch.Generator().manual_seed(1)
+    for shape, size, sizes in [((6, 3, 40, 30), (16, 16), None), ((6, 3, 24, 24), (32, 28), [[24, 10], [7, 24]] * 3)]:
+        images = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+        sizes = None if sizes is None else torch.tensor(sizes)
+        draws = draw(recipe, Sampler.from_block(torch.rand(shape[0], Sampler.BLOCK, generator=g)), shape, size, sizes)
+        assert draws.flip.any() and not draws.flip.all()
+        want = resample(images.float().div(255), replace(recipe, interpolation=mode), draws, size, sizes)
+        got = resample_separable(images, draws.boxes, draws.flip, size, mode).clamp(0, 1)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_the_fusable_blur_equals_the_grouped_convolution():
+    x, sigma = torch.rand(5, 3, 20, 17, dtype=torch.float64), torch.linspace(0.1, 2.0, 5, dtype=torch.float64)
+    torch.testing.assert_close(gaussian_blur_shifted(x, sigma, 6), gaussian_blur(x, sigma, 6), rtol=0, atol=1e-12)
+    x, sigma = x.float(), sigma.float()
+    torch.testing.assert_close(gaussian_blur_shifted(x, sigma, 6), gaussian_blur(x, sigma, 6), rtol=0, atol=1e-6)
 
 
 def test_blur_with_per_sample_sigma_equals_kornia():
