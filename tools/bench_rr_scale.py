@@ -7,13 +7,15 @@ For each d: writes n pairs (z1, z2 float32, a known two-view model) to a tempora
 alternation, `--repeats` times) the command in a fresh process (its peak resident memory from the kernel) and the
 reference: np.load, float64 moments (both views' Gram, the symmetrized cross moment, centered), scipy.linalg.eigh.
 Prints JSON: seconds (the best of the repeats, and each), the ratio of the bests command / reference (the issue's
-bar: <= 1.3 at d = 2048), peak memory in GiB.
+bar: <= 1.3 at d = 2048), the command's peak resident memory in GiB. --out appends one record (the commit, the
+command line, the load average before and after, the rows) to the JSON list in FILE.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -80,6 +82,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    load_before = os.getloadavg()
     rows = []
     for d in args.dims:
         with tempfile.TemporaryDirectory() as tmp:
@@ -116,7 +119,19 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.out:
-        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "eigtrain"], capture_output=True, text=True).stdout
+        record = {
+            "commit": commit + ("+uncommitted" if dirty.strip() else ""),
+            "command": "python " + " ".join(sys.argv),
+            "loadavg_1_5_15": {
+                "before": [round(x, 2) for x in load_before],
+                "after": [round(x, 2) for x in os.getloadavg()],
+            },
+            "rows": rows,
+        }
+        records = json.loads(args.out.read_text()) if args.out.exists() else []
+        args.out.write_text(json.dumps([*records, record], indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from eigtrain.export import embedding_files
 from eigtrain.export.files import check_export_target, rr_manifest, save_export
 from eigtrain.export.moments import RRAccumulator
 from eigtrain.export.prefixes import cut_errors, cuts_report, order_ties, tie_groups, undetermined_cuts
+from eigtrain.export.raw_span import paper_convention
 from eigtrain.export.rayleigh_ritz import MODES, TRIVIAL, centered, solve
 from eigtrain.export.run_data import RunDataConfig
 from eigtrain.runs.checksums import file_sha256, files_sha256
@@ -173,12 +174,14 @@ def solve_both_conventions(acc: RRAccumulator, cfg: RRJobConfig):
     paper's convention rides along (paper_*), treated the same way. With ridge > 0 the exact spectrum rides along
     too. extra: cuts (rr_prefixes.cuts_report), ties (the groups, when ties=variance reordered them)."""
     kwargs: dict[str, Any] = dict(center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol)
-    result = with_cuts(solve(acc, cfg.mode, trivial=cfg.trivial, **kwargs), acc, cfg, cfg.trivial)
+    main = solve(acc, cfg.mode, trivial=cfg.trivial, **kwargs)
+    paper = paper_convention(main, acc, cfg.center, cfg.ridge, cfg.rank_rtol)  # from main's solve: no second eigh
+    result = with_cuts(main, acc, cfg, cfg.trivial)
     if cfg.ridge > 0:  # a regularized solve never stands alone: the sample moments' own spectrum beside it
         exact = solve(acc, cfg.mode, trivial=cfg.trivial, **{**kwargs, "ridge": 0.0})
         result.extra["exact_spectrum"] = exact.eigenvalues
     if cfg.trivial == "exclude":
-        result.extra["paper_convention"] = solve(acc, cfg.mode, trivial="keep", **kwargs)  # rides along, untested cuts
+        result.extra["paper_convention"] = paper or solve(acc, cfg.mode, trivial="keep", **kwargs)  # untested cuts
     return result
 
 

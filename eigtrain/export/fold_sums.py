@@ -30,11 +30,12 @@ def _syrk_into(total: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
 
 
 def _symmetric(upper: torch.Tensor) -> torch.Tensor:
-    """The full symmetric matrix from `_syrk_into`'s result (CPU: upper triangle only), row-major."""
+    """The full symmetric matrix from `_syrk_into`'s result (CPU: upper triangle only, its lower one zeros: dsyrk
+    never writes there, and sums and scalings of such keep them), row-major: U + U^T, its diagonal halved."""
     if upper.device.type != "cpu":
         return upper
-    full = upper.triu()
-    full += full.triu(1).T
+    full = upper + upper.T
+    full.diagonal().mul_(0.5)
     return full
 
 

@@ -96,8 +96,9 @@ def _range(gram: torch.Tensor, ridge: float, rtol: float, what: str, n: int | No
 
 
 def _cholesky_whitener(gram: torch.Tensor, ridge: float, rtol: float, n: int) -> torch.Tensor | None:
-    """W = L^-T with W^T G W = I from the (ridged) Gram's Cholesky factor, when the Gram is plainly of full rank:
-    the same generalized solve as whitening on the range, for a third of the cost of an eigendecomposition. None
+    """The (ridged) Gram's Cholesky factor L (G = L L^T: W = L^-T whitens, W^T G W = I), when the Gram is plainly of
+    full rank: the same generalized solve as whitening on the range, for a third of the cost of an
+    eigendecomposition, and W is never formed (`_whitened`, `_unwhitened`: triangular solves). None
     (the range's eigendecomposition decides) when the factorization fails or the smallest eigenvalue, estimated
     by inverse iteration, is not far above rtol * the largest (or when n pairs could not order d dimensions)."""
     g = _ridged(gram, ridge)
@@ -119,8 +120,29 @@ def _cholesky_whitener(gram: torch.Tensor, ridge: float, rtol: float, n: int) ->
     largest = float((y.T @ g @ y).squeeze())
     if not smallest > 1e3 * rtol * largest:  # a wide margin over the range's own cut (rtol * the largest)
         return None
-    eye = torch.eye(d, dtype=F64, device=g.device)
-    return torch.linalg.solve_triangular(factor, eye, upper=False).T
+    return factor
+
+
+def _whitened(cross: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """W^T K W = L^-1 K L^-T for symmetric K: two triangular solves (BLAS trsm), where forming W = L^-T and two
+    products would cost twice the flops."""
+    if cross.device.type != "cpu":
+        x = torch.linalg.solve_triangular(factor, cross, upper=False)
+        return torch.linalg.solve_triangular(factor, x.T, upper=False)
+    from scipy.linalg import solve_triangular
+
+    lower = factor.numpy()
+    x = solve_triangular(lower, cross.numpy(), lower=True, check_finite=False)  # L^-1 K
+    return torch.from_numpy(solve_triangular(lower, x.T, lower=True, check_finite=False))  # L^-1 (K L^-T)
+
+
+def _unwhitened(factor: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """W y = L^-T y: one triangular solve."""
+    if y.device.type != "cpu":
+        return torch.linalg.solve_triangular(factor.T, y, upper=True)
+    from scipy.linalg import solve_triangular
+
+    return torch.from_numpy(solve_triangular(factor.numpy(), y.numpy(), trans="T", lower=True, check_finite=False))
 
 
 def _descending_eigh(sym: torch.Tensor):
@@ -267,11 +289,14 @@ def solve(
     if whitener is None:
         evals, evecs = _range(gram, ridge, rtol, "the embedding", acc.n)
     extra: dict = {}
-    if mode == "generalized":  # the exact solve: whiten by the Gram on its range, then K's eigenbasis there
-        w = evecs * evals.rsqrt() if whitener is None else whitener
+    if mode == "generalized" and whitener is not None:  # the exact solve, the Gram of full rank: W = L^-T
+        values, y = _descending_eigh(_whitened(cross, whitener))
+        transform = _unwhitened(whitener, y)
+        evals = torch.ones(len(gram), dtype=F64)  # only its size is used below
+    elif mode == "generalized":  # the exact solve: whiten by the Gram on its range, then K's eigenbasis there
+        w = evecs * evals.rsqrt()
         values, y = _descending_eigh(t_matmul(w, t_matmul(cross, w)))  # w^T K w (K symmetric), numpy's BLAS
         transform = t_matmul(w.T, y)
-        evals = torch.ones(w.shape[1], dtype=F64) if whitener is not None else evals  # only its size is used below
     elif mode in ("paper-rq", "paper-vicreg"):  # Algorithms F.1 / F.2: the basis is taken as orthonormal
         values, y = _descending_eigh(evecs.T @ cross @ evecs)  # (on the range: null directions are zero features)
         transform = evecs @ y
