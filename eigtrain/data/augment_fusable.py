@@ -20,6 +20,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from eigtrain.data.augment_ops import blur_weights
+
 CUBIC_A = -0.75  # grid_sample's (and PIL's) bicubic convolution constant
 
 
@@ -81,9 +83,7 @@ def gaussian_blur_shifted(x: torch.Tensor, sigma: torch.Tensor, radius: int) -> 
     """`augment_ops.gaussian_blur` (per-sample sigma (B,), 2 radius + 1 taps normalized to sum 1, reflect padding)
     as sums of shifted slices times per-sample weights: pointwise, so the compiled view fuses it."""
     H, W = x.shape[-2:]
-    taps = torch.arange(-radius, radius + 1, device=x.device, dtype=x.dtype)
-    weights = torch.exp(-(taps**2) / (2 * sigma.to(x.dtype).view(-1, 1) ** 2))
-    weights = (weights / weights.sum(1, keepdim=True)).view(-1, 1, 1, 1, 2 * radius + 1)
+    weights = blur_weights(sigma, radius, x).view(-1, 1, 1, 1, 2 * radius + 1)
     padded = F.pad(x, (radius, radius, radius, radius), mode="reflect")
     rows = _sum([weights[..., t] * padded[..., t : t + W] for t in range(2 * radius + 1)])
     return _sum([weights[..., t] * rows[..., t : t + H, :] for t in range(2 * radius + 1)])

@@ -115,14 +115,19 @@ def colour_blur_solarize(x: torch.Tensor, recipe: ViewRecipe, draws, pick, blur=
     return x
 
 
+def blur_weights(sigma: torch.Tensor, radius: int, like: torch.Tensor) -> torch.Tensor:
+    """Each sample's (2 radius + 1) Gaussian taps (B, taps), normalized to sum 1, in `like`'s dtype and device."""
+    taps = torch.arange(-radius, radius + 1, device=like.device, dtype=like.dtype)
+    weights = torch.exp(-(taps**2) / (2 * sigma.to(like.dtype).view(-1, 1) ** 2))
+    return weights / weights.sum(1, keepdim=True)
+
+
 def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, radius: int) -> torch.Tensor:
     """Gaussian blur with each sample's own sigma (B,), a (2 radius + 1)-tap separable kernel normalized to sum 1,
     reflect padding: kornia's gaussian_blur2d (which it replaces: it synchronised with the host twice a call), as
     two depthwise convolutions whose weights are computed on the device."""
     B, C, H, W = x.shape
-    taps = torch.arange(-radius, radius + 1, device=x.device, dtype=x.dtype)
-    weights = torch.exp(-(taps**2) / (2 * sigma.to(x.dtype).view(-1, 1) ** 2))
-    weights = (weights / weights.sum(1, keepdim=True)).repeat_interleave(C, 0)  # (B * C, taps)
+    weights = blur_weights(sigma, radius, x).repeat_interleave(C, 0)  # (B * C, taps)
     padded = F.pad(x, (radius, radius, radius, radius), mode="reflect").reshape(1, B * C, H + 2 * radius, -1)
     rows = F.conv2d(padded, weights.view(B * C, 1, 1, -1), groups=B * C)
     return F.conv2d(rows, weights.view(B * C, 1, -1, 1), groups=B * C).view(B, C, H, W)
