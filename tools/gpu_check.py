@@ -78,6 +78,10 @@ def throughput_steps(py: str, logs: Path) -> list[Step]:
         ("p_r50_augment", 270, "resnet50:224:256", "augment_forms,synthetic,reference", True,
          "ResNet-50 224 px b256 compiled: the augmentation's reference and fusable forms side by side with their top "
          "kernels, then the step and the bare model"),
+        ("p_r18_cg_shards", 150, "resnet18:32:512", "synthetic,reference,png,jpeg", "reduce-overhead",
+         "ResNet-18 32 px b512 with CUDA graphs: in memory, bare reference, PNG and JPEG shards (new augmentation)"),
+        ("p_r50_compiled_shards", 300, "resnet50:224:256", "synthetic,reference,png,jpeg", True,
+         "ResNet-50 224 px b256 compiled: in memory, bare reference, PNG and JPEG shards (new augmentation)"),
     ]  # fmt: skip
     return [
         Step(
