@@ -111,6 +111,30 @@ def webdataset_v2(pattern, args, size, workers: int) -> float:
     )
 
 
+def members_us(pattern: str, repeats: int) -> dict:
+    """Reading the shards' members alone (no decoding), us per member, webdataset's tarfile-based reader vs
+    eigtrain's (plain ustar headers read directly), alternating, best of `repeats`."""
+    from braceexpand import braceexpand
+    from webdataset.tariterators import tar_file_iterator
+
+    from eigtrain.data.tar_members import tar_files
+
+    urls = list(braceexpand(pattern))
+    readers = {"webdataset_tarfile": tar_file_iterator, "eigtrain": tar_files}
+    best = {name: float("inf") for name in readers}
+    for _ in range(max(repeats, 3)):
+        for name, read in readers.items():
+            start, count = time.perf_counter(), 0
+            for url in urls:
+                with open(url, "rb") as f:
+                    count += sum(1 for _ in read(f))
+            best[name] = min(best[name], 1e6 * (time.perf_counter() - start) / count)
+    return {
+        **{k: round(v, 1) for k, v in best.items()},
+        "ratio_webdataset_vs_eigtrain": round(best["webdataset_tarfile"] / best["eigtrain"], 1),
+    }
+
+
 def one_core(cores, run):
     """`run()` pinned to the first of `cores` (and back)."""
     os.sched_setaffinity(0, cores[:1])
@@ -146,6 +170,7 @@ def main():
                 runs["webdataset_v2_one_core"].append(one_core(cores, lambda: webdataset_v2(pattern, args, size, 0)))
                 runs["ours_loader"].append(ours(pattern, args, size, args.cores))
                 runs["webdataset_v2"].append(webdataset_v2(pattern, args, size, args.cores))
+            members = one_core(cores, lambda: members_us(pattern, args.repeats))
         median = {k: statistics.median(v) for k, v in runs.items()}
         per_core = {k: v / (1 if k.endswith("one_core") else args.cores) for k, v in median.items()}
         results[f"{size}px"] = {
@@ -155,6 +180,7 @@ def main():
             ),
             "ratio_loader_ours_vs_webdataset_v2": round(per_core["ours_loader"] / per_core["webdataset_v2"], 2),
             "runs_images_per_s": {k: [round(x, 1) for x in v] for k, v in runs.items()},
+            "tar_members_us_per_member_one_core": members,
         }
     print(
         json.dumps(

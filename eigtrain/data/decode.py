@@ -139,8 +139,37 @@ def fit_image(image: torch.Tensor, size: tuple[int, int] | None, fit: str) -> tu
     return resize_crop(image, size), (size[0], size[1])
 
 
+# JPEG start-of-frame markers (baseline, progressive, lossless, arithmetic): they hold the image's size
+SOF_MARKERS = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(height, width) from a JPEG's start-of-frame header, None where it is not plainly there. Reading it costs
+    ~1 us, opening the image in PIL ~60-100 us: at 32 px more than the decode itself."""
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+        elif marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            i += 2
+        elif marker in SOF_MARKERS:
+            h, w = int.from_bytes(data[i + 5 : i + 7], "big"), int.from_bytes(data[i + 7 : i + 9], "big")
+            return (h, w) if h and w and i + 9 <= n else None
+        elif marker == 0xDA:  # the scan starts before any frame header: not a JPEG we read here
+            return None
+        else:
+            i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return None
+
+
 def _pil_draft_decode(data: bytes, channels: int, size: tuple[int, int], fit: str) -> torch.Tensor | None:
     """JPEG much larger than `size`: decode at 1/2, 1/4 or 1/8 scale in libjpeg (DCT scaling), else None."""
+    known = jpeg_size(data)
+    if known is not None and (min if fit == "whole" else max)(size[0] / known[0], size[1] / known[1]) > 0.5:
+        return None  # no scaled decode: PIL need not open it
     with Image.open(io.BytesIO(data)) as pil:
         w, h = pil.size
         scale = (min if fit == "whole" else max)(size[0] / h, size[1] / w)

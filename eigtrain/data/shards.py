@@ -31,6 +31,7 @@ from braceexpand import braceexpand
 from webdataset.gopen import gopen_schemes
 
 from eigtrain.data.bounded_io import bounded, call_within, open_pipe
+from eigtrain.data.tar_members import tar_files
 from eigtrain.data.url_auth import http_request
 from eigtrain.redact import redact_url
 
@@ -152,7 +153,7 @@ def _open_object_store(url: str):
 
 def iter_samples(url: str, stream) -> Iterable[dict]:
     """Samples of one tar stream, grouped by key as webdataset does (``__url__`` set to `url`)."""
-    files = ({**f, "__url__": url} for f in wds.tariterators.tar_file_iterator(stream))
+    files = ({**f, "__url__": url} for f in tar_files(stream))
     return wds.tariterators.group_by_keys(files)
 
 
