@@ -13,7 +13,9 @@ stream, which does not wait for the current one; on the training stream the allo
 queued kernels (the previous step's backward) still read. `JpegDecoder` therefore decodes with a dedicated
 stream current: only decoded images are ever freed into that stream's memory pool, each marked used by the
 training stream (`record_stream`), so the allocator reuses such a block only once the training stream is done
-with it; the training stream then waits for the decode stream (`wait_stream`) before it reads the images.
+with it; the training stream then waits for the decode stream (`wait_stream`) before it reads the images. In training,
+`eigtrain.data.decode_ahead` calls `finish_batch` on a background thread with its own stream current, which is
+then the "training stream" of this paragraph; it hands each batch to the training stream the same way.
 """
 
 from __future__ import annotations

@@ -255,14 +255,11 @@ class ShardStream:
                 timeout=timeout,
             )
             batches = named_timeout(iter(loader), self.where, timeout)
-        decoder, device = None, self.jpeg_device
-        if device is not None:
-            from eigtrain.data.gpu_decode import JpegDecoder, finish_batch
+        if self.jpeg_device is not None:  # JPEGs left encoded by the workers: decoded ahead, on the device
+            from eigtrain.data.decode_ahead import finished_ahead
 
-            decoder = JpegDecoder(device)
+            batches = finished_ahead(batches, self.spec, self.jpeg_device)
         for batch in batches:
-            if decoder is not None and device is not None:
-                batch = finish_batch(batch, self.spec, device, decoder)
             self._count_corrupt(batch.pop("corrupt"))
             self._batches += 1
             yield batch

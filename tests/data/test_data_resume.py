@@ -73,6 +73,14 @@ def test_cursor_round_trip_on_two_ranks(root):
         assert_same_batches(resumed(root, k, 5, **kw), want[k:])
 
 
+def test_cursor_counts_the_batches_taken_not_those_decoded_ahead(root):
+    """Batched (device-side) JPEG decoding finishes batches ahead on a thread; the cursor is the batches taken."""
+    kw = dict(batch_size=4, num_workers=0, seed=3, shuffle_block=5, jpeg_device="cpu")
+    want = take(open_stream(root, **kw), 34)
+    for k in (1, 7, 28):  # 28: across the epoch's end
+        assert_same_batches(resumed(root, k, 5, **kw), want[k : k + 5])
+
+
 def test_one_pass_cursor_round_trip(root):
     kw = dict(batch_size=4, rank=1, world_size=2, num_workers=2, one_pass=True)
     want = list(open_stream(root, **kw))
