@@ -68,3 +68,18 @@ def test_the_thread_ends_when_its_consumer_stops(monkeypatch):
         time.sleep(0.02)
     assert not any(t.name == "jpeg-decode-ahead" for t in threading.enumerate())
     assert len(pulled) <= 1 + decode_ahead.AHEAD + 1  # read ahead by a bounded number of batches only
+
+
+def test_finishing_overlaps_the_consumers_step(monkeypatch):
+    """The point of the thread: a batch is finished while the consumer works on the one before (sleeps stand for
+    nvJPEG holding its thread and for the training thread launching a step)."""
+
+    def slow_finish(batch, spec, device, decoder):
+        time.sleep(0.05)
+        return batch
+
+    monkeypatch.setattr(decode_ahead, "finish_batch", slow_finish)
+    start = time.monotonic()
+    for _ in decode_ahead.finished_ahead(({"n": i} for i in range(8)), None, torch.device("cpu")):
+        time.sleep(0.05)
+    assert time.monotonic() - start < 0.7  # one after the other: >= 0.8 s; overlapped: ~0.45 s
