@@ -9,7 +9,9 @@
 #    dependencies: a directory of symlinks into the checkout's .venv, put on the path by a .pth file, so torch is
 #    not downloaded again). No hydra, omegaconf, webdataset, submitit, deepspeed, kornia, wandb, eigtrain.
 # 3. tools/gpu_check.sh --dry-run in that venv with no network index: it installs from the wheels with
-#    --no-index --no-deps --target, lists its steps with their time boxes and runs the CPU dry run.
+#    --no-index --no-deps --target, lists its steps with their time boxes and runs the CPU dry run's steps that
+#    train and benchmark in that venv (host syncs, bench_gpu --dry-run). Its resume and rr steps, three trainings
+#    and an export in fresh processes, are tests/launch/test_gpu_check.py's, run in-process (STEPS=all: these too).
 # 4. eigtrain-train with wandb's default mode in that venv (wandb is absent): it trains and logs to metrics.jsonl.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +19,8 @@ py=${PYTHON:-$repo/.venv/bin/python}
 work=$(mktemp -d)
 [ -n "${KEEP_WORK:-}" ] && echo "ci_offline_install: keeping $work" || trap 'rm -rf "$work"' EXIT
 t0=$SECONDS
+steps=--steps=cpu_host_syncs_plumbing,cpu_bench_dry_run
+[ "${STEPS:-}" = all ] && steps=
 
 PYTHON=$py bash "$repo/tools/device_wheels.sh" --python-version 3.12 --out "$work/whl312"
 here=$("$py" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
@@ -62,7 +66,7 @@ if "$work/venv/bin/python" -c "import hydra" 2>/dev/null; then
   echo "ci_offline_install: the fresh venv sees hydra: not the device image" >&2; exit 1
 fi
 PYTHON=$work/venv/bin/python WHEELS=$work/whl OUT_DIR=$work/gpu SITE_DIR=$work/site RUNS_DIR=$work/runs \
-  bash "$repo/tools/gpu_check.sh" --dry-run | tee "$work/gpu_check.out"
+  bash "$repo/tools/gpu_check.sh" --dry-run $steps | tee "$work/gpu_check.out"
 grep -q "CPU dry run OK" "$work/gpu_check.out"
 grep -q "from .whl" "$work/gpu_check.out"
 

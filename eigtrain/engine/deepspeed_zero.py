@@ -28,6 +28,17 @@ def _weights_only_load(path: str, map_location: Any = None) -> Any:
     return load_tensors(Path(path), map_location=map_location)
 
 
+def _skip_shared_memory_op() -> None:
+    """DeepSpeed's CPU communication backend JIT-compiles a C++ op (deepspeed_shm_comm, 1-4 min of g++ in a fresh
+    environment, again whenever its build command changes) the first time it sets up; only its
+    inference_all_reduce uses the op, never training. Marked incompatible, the backend goes without it."""
+    import deepspeed.ops
+
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(compatible, dict):
+        compatible["deepspeed_shm_comm"] = False
+
+
 class DeepSpeedEngine:
     name = "deepspeed"
 
@@ -51,6 +62,7 @@ class DeepSpeedEngine:
 
         if stage not in ZERO_STAGES:
             raise ValueError(f"engine.zero_stage={stage} is not supported; allowed: {', '.join(map(str, ZERO_STAGES))}")
+        _skip_shared_memory_op()
         if not dist.is_initialized():
             # DeepSpeed needs a process group even for a single process; a local store needs no port.
             dist.init_process_group(

@@ -2,10 +2,12 @@
 
 Fast: the time boxes (each part fits one 10-minute command, all <= 20 min, in the issue's order), the offline
 install's choice of image vs .whl (real wheel files), its refusals, and the report's figures and targets.
+The CPU dry run's resume and rr bodies with their eigtrain commands in this process.
 Slow: tools/ci_offline_install.sh (wheels for 3.12 resolve; a venv that sees only the device image's packages
-installs from wheels with no index and passes gpu_check.sh's CPU dry run).
+installs from wheels with no index and passes the CPU dry run's host-syncs and bench steps).
 """
 
+import json
 import re
 import subprocess
 import sys
@@ -162,6 +164,43 @@ def test_throughput_part_clips_its_steps_to_the_deadline_and_budgets_each_bench(
     assert gpu_check.clipped(steps[0], left=None).box_s == steps[0].box_s
 
 
+def test_the_cpu_dry_runs_resume_and_rr_bodies_pass_with_their_commands_run_in_process(tmp_path, monkeypatch):
+    """gpu_check's CPU steps cpu_stop_resume_bitwise and cpu_rr (the bodies the GPU's steps (d) and (f) run), from
+    their own argv, with the eigtrain commands they start run in this process: the stop at 2 and resume to 4 gives
+    the uninterrupted run's losses bit for bit, and eigtrain-rr exports the resumed run. (ci_offline_install.sh runs
+    the dry run's other steps in the image-only venv; a fresh process per training there only repeated imports.)"""
+    import gpu_check_steps
+
+    from eigtrain.export.command import main as rr_main
+    from eigtrain.train.command import compose_config, run
+
+    real_run = subprocess.run
+
+    def in_process(cmd, *args, check=False, **kwargs):
+        if cmd[:2] != [sys.executable, "-m"] or not cmd[2].startswith("eigtrain."):
+            return real_run(cmd, *args, check=check, **kwargs)
+        if cmd[2] == "eigtrain.train.command":
+            code = 0 if run(compose_config(cmd[3:])) else 1
+        else:
+            assert cmd[2] == "eigtrain.export.command", cmd
+            code = rr_main(cmd[3:])
+        if check and code:
+            raise subprocess.CalledProcessError(code, cmd)
+        return subprocess.CompletedProcess(cmd, code)
+
+    monkeypatch.setattr(gpu_check_steps.subprocess, "run", in_process)
+    steps = {s.name: s for s in gpu_check.cpu_steps(sys.executable, tmp_path / "runs", tmp_path / "logs")}
+    for name in ("cpu_stop_resume_bitwise", "cpu_rr"):
+        argv = steps[name].argv
+        monkeypatch.setenv("GPU_CHECK_FIGURES", str(tmp_path / f"{name}.json"))
+        assert gpu_check_steps.run_impl(argv[argv.index("--impl") + 1 :]) == 0, name
+    resume = json.loads((tmp_path / "cpu_stop_resume_bitwise.json").read_text())
+    assert resume["passed"] and resume["max_relative_difference"] == 0.0
+    assert resume["losses_resumed"] == resume["losses_uninterrupted"]
+    assert [step for step, _ in resume["losses_resumed"]] == [1, 2, 3, 4]
+    assert "rr.safetensors" in json.loads((tmp_path / "cpu_rr.json").read_text())["outputs"]
+
+
 @pytest.mark.slow
 def test_offline_install_in_an_image_only_venv_passes_the_cpu_dry_run():
     t0 = time.monotonic()
@@ -176,7 +215,7 @@ def test_offline_install_in_an_image_only_venv_passes_the_cpu_dry_run():
     assert "ci_offline_install: OK" in done.stdout
     assert "no CUDA device visible" in done.stdout and "CPU dry run OK" in done.stdout
     assert "total time boxes:" in done.stdout and "limit 20 min" in done.stdout
-    for step in ("install", "cpu_stop_resume_bitwise", "cpu_rr", "cpu_host_syncs_plumbing", "cpu_bench_dry_run"):
+    for step in ("install", "cpu_host_syncs_plumbing", "cpu_bench_dry_run"):
         assert re.search(rf"^PASS {step} \(", done.stdout, re.M), step
     for name in ("deepspeed", "hydra-core", "webdataset", "kornia"):  # what the image lacks came from the wheels
         assert re.search(rf"^\s+{name}\s+\S+\s+from \.whl$", done.stdout, re.M), name
@@ -238,8 +277,6 @@ def test_every_gpu_training_step_names_only_known_config_keys_and_values():
 def test_bench_presets_mode_reports_every_preset_as_json_on_the_cpu(monkeypatch):
     """The presets mode's report (the compiled branch too, with torch.compile as the identity here) is plain JSON:
     the H200 run of 2026-11-27 lost the mode to a bound method in it."""
-    import json
-
     import torch
     from bench_gpu import PRESETS, preset_checks
 
@@ -271,8 +308,6 @@ def test_every_throughput_step_runs_known_bench_modes_alone_within_the_deadline(
 def test_bench_augment_forms_mode_reports_both_forms_as_json_on_the_cpu(monkeypatch):
     """bench_gpu's augment_forms mode (its compiled branch, with torch.compile as the identity here) is plain JSON
     with both forms' times, their difference and top operations, and the report renders it."""
-    import json
-
     import torch
     from bench_augment import compare_forms
     from bench_gpu import Timing

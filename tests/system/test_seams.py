@@ -384,14 +384,18 @@ def test_rr_embedding_files(layout, tmp_path):
 
 
 @pytest.mark.slow
-def test_deepspeed_single_process_run_is_ordered_and_evaluated(data, tmp_path):
+def test_deepspeed_single_process_run_is_ordered_and_evaluated(data, tmp_path, monkeypatch):
     """Also engine.channels_last=true (the default for ResNets on CUDA): DeepSpeed's start-up broadcast of every
-    parameter as a byte view failed on channels_last weights (H200, 2026-11-26); the CPU takes the same path."""
+    parameter as a byte view failed on channels_last weights (H200, 2026-11-26); the CPU takes the same path.
+    And DeepSpeed compiles no C++ op on the way (its CPU backend's shared-memory op took 1-4 min of g++ on a
+    fresh machine: 100 s of this test in CI)."""
     from eigtrain.train.command import compose_config, run
 
     run_dir = tmp_path / "ds"
     ds = ("engine=deepspeed", "engine.channels_last=true")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "torch_extensions"))  # where a JIT build would go
     assert run(compose_config([*COMMON, f"run_dir={run_dir}", *ds, *source_overrides(data, "shards")]))["step"] == 2
+    assert not (tmp_path / "torch_extensions").exists()
     assert rr_main([f"run_dir={run_dir}", "num_workers=1", "batch_size=64"]) == 0
     assert json.loads((run_dir / "rr" / "manifest.json").read_text())["n"] == N_TRAIN
     exports_both_conventions(run_dir / "rr")
