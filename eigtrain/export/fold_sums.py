@@ -129,7 +129,7 @@ class PooledFoldSums:
                 a, c, b = self._buffers(len(range(len(fold))[piece]) if isinstance(piece, slice) else len(piece))
                 np.subtract(x[piece], shift, out=a.numpy())  # the stored values, exactly, then shifted
                 np.subtract(y[piece], shift, out=c.numpy())
-                self._add_products(i, a, c, a.sum(0), c.sum(0), b)
+                self._add_products(i, a, c, b)
 
     def _buffers(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Three float64 buffers of `rows` rows (a, c and a - c of a piece), from one kept until `release`."""
@@ -153,14 +153,20 @@ class PooledFoldSums:
             rows = fold == i
             if rows.any():
                 a, c = f[rows] - self.shift, g[rows] - self.shift  # copies: the caller's rows are left as they were
-                self._add_products(i, a, c, a.sum(0), c.sum(0))
+                self._add_products(i, a, c)
 
-    def _add_products(self, i: int, a: torch.Tensor, c: torch.Tensor, sum_a, sum_c, b: torch.Tensor | None = None):
-        """Fold i += the rows a = f - s, c = g - s (a overwritten) and their column sums (b: a buffer for a - c)."""
-        self.sum_f[i] += sum_a
-        self.sum_g[i] += sum_c
-        b = a - c if b is None else torch.sub(a, c, out=b)
-        a += c
+    def _add_products(self, i: int, a: torch.Tensor, c: torch.Tensor, b: torch.Tensor | None = None) -> None:
+        """Fold i += the rows a = f - s, c = g - s (a overwritten; b: a buffer for a - c). On the CPU a + c and a - c
+        through numpy's single-threaded loops: torch's threads would contend with the BLAS threads."""
+        self.sum_f[i] += a.sum(0)  # torch's: cascaded sums (numpy's along rows are sequential, less accurate)
+        self.sum_g[i] += c.sum(0)
+        if a.device.type == "cpu":
+            an, cn = a.numpy(), c.numpy()
+            b = torch.from_numpy(np.subtract(an, cn, out=None if b is None else b.numpy()))
+            np.add(an, cn, out=an)
+        else:
+            b = a - c
+            a += c
         self.plus[i] = _syrk_into(self.plus[i], a)
         self.minus[i] = _syrk_into(self.minus[i], b)
         self.n[i] += len(a)
