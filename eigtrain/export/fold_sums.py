@@ -70,9 +70,9 @@ def _pieces(rows: slice | np.ndarray, length: int, size: int) -> list[slice | np
 
 
 def _numpy_rows(x: torch.Tensor) -> np.ndarray:
-    """x's values as a numpy array of a float dtype numpy converts exactly to float64 (bfloat16 via float32)."""
+    """x's values as a numpy array of a float dtype numpy converts exactly to float64 (anything else: float64)."""
     if x.dtype not in (torch.float16, torch.float32, F64):
-        x = x.float()
+        x = x.to(F64)
     return x.detach().cpu().numpy()
 
 
