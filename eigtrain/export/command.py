@@ -191,9 +191,7 @@ def with_cuts(result, acc: RRAccumulator, cfg: RRJobConfig, trivial: str):
     center = centered(cfg.mode, cfg.center, trivial)
     errors = cut_errors(result, acc)
     result.extra["spectrum"] = result.eigenvalues
-    result.extra["cuts"] = cuts_report(
-        errors, [f.n for f in acc.folds] if errors is not None and acc.folds is not None else None
-    )
+    result.extra["cuts"] = cuts_report(errors, acc.fold_sizes if errors is not None else None)
     result.extra["ties"] = None
     if cfg.ties == "variance" and errors is not None:
         groups = tie_groups(undetermined_cuts(errors), result.transform.shape[1])
@@ -233,7 +231,7 @@ def cuts_line(cuts: dict, width: int) -> str:
 def untested_reason(cfg: RRJobConfig, acc: RRAccumulator) -> str:
     if cfg.mode != "generalized":
         return f"mode={cfg.mode} is not the generalized solve"
-    if acc.folds is None:
+    if acc.fold_sizes is None:
         return "two encoders" if acc.pairs else "no folds kept"
     return f"a fold of the {cfg.folds} holds fewer than 2 samples"
 

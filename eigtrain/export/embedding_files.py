@@ -21,6 +21,8 @@ import numpy as np
 import torch
 
 PAIR_KEYS = ("z1", "z2")
+NATIVE = (np.float16, np.float32, np.float64)  # read as stored: Rayleigh-Ritz converts them to float64 exactly
+NATIVE_TORCH = (torch.float16, torch.float32, torch.float64)
 
 
 class EmbeddingFileError(ValueError):
@@ -28,15 +30,16 @@ class EmbeddingFileError(ValueError):
 
 
 class _SafetensorsRows:
-    """Row slices of one tensor of a safetensors file, read lazily (memory-mapped), as float64 numpy (any
-    stored float dtype, bf16 included)."""
+    """Row slices of one tensor of a safetensors file, read lazily (memory-mapped), as numpy in a float dtype that
+    converts exactly to float64 (bf16 as float32)."""
 
     def __init__(self, handle, key: str):
         self._slice = handle.get_slice(key)
         self.shape = tuple(self._slice.get_shape())
 
     def __getitem__(self, rows: slice) -> np.ndarray:
-        return self._slice[rows].to(torch.float64).numpy()
+        rows_ = self._slice[rows]
+        return (rows_ if rows_.dtype in NATIVE_TORCH else rows_.to(torch.float32)).numpy()
 
 
 @dataclass
@@ -72,7 +75,8 @@ def _open_npy_pair(first: Path) -> PairChunk:
     second = first.with_name(first.name[: -len("z1.npy")] + "z2.npy")
     if not second.exists():
         raise EmbeddingFileError(f"{first} has no partner {second.name} (chunks of .npy come in z1/z2 pairs)")
-    return PairChunk(first.name, np.load(first, mmap_mode="r"), np.load(second, mmap_mode="r"))
+    # copy-on-write: the blocks are writable numpy views (torch takes them as they are) and the files never change
+    return PairChunk(first.name, np.load(first, mmap_mode="c"), np.load(second, mmap_mode="c"))
 
 
 def open_chunks(path: str) -> list[PairChunk]:
@@ -141,9 +145,10 @@ def total_rows(chunks: list[PairChunk]) -> int:
 def iter_blocks(
     chunks: list[PairChunk], rank: int = 0, world: int = 1, block: int = 65536
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """This rank's contiguous share of all rows, `block` rows at a time as float64 arrays (never across a chunk
-    boundary).
-    A row with NaN or inf is one EmbeddingFileError naming the chunk and the row."""
+    """This rank's contiguous share of all rows, `block` rows at a time (never across a chunk boundary), as arrays
+    of a float dtype that converts exactly to float64 (float16, float32, float64: as stored, a memory-mapped file's
+    rows not even copied; anything else as float64). A row with NaN or inf is one EmbeddingFileError naming the
+    chunk and the row."""
     n = total_rows(chunks)
     lo, hi = n * rank // world, n * (rank + 1) // world
     offset = 0
@@ -151,7 +156,7 @@ def iter_blocks(
         start, stop = max(lo - offset, 0), min(hi - offset, chunk.rows)
         for s in range(start, stop, block):
             e = min(s + block, stop)
-            z1, z2 = (np.array(z[s:e], dtype=np.float64) for z in (chunk.z1, chunk.z2))  # read into memory
+            z1, z2 = (_native(z[s:e]) for z in (chunk.z1, chunk.z2))
             for key, z in (("z1", z1), ("z2", z2)):
                 if np.isfinite(z.sum(axis=0)).all():  # a NaN or inf makes its column's sum non-finite
                     continue
@@ -164,3 +169,9 @@ def iter_blocks(
                     )
             yield z1, z2
         offset += chunk.rows
+
+
+def _native(rows) -> np.ndarray:
+    """A block's rows as an array: as stored for a float dtype that converts exactly to float64, else float64."""
+    rows = np.asarray(rows)
+    return rows if rows.dtype in NATIVE else rows.astype(np.float64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from eigtrain.export.fold_sums import PooledFoldSums
+from eigtrain.export.fold_sums import PooledFoldSums, t_matmul
 
 FOLDS_BYTES = 8 << 30  # the most the folds' float64 co-moments may hold
 F64 = torch.float64
@@ -16,14 +16,6 @@ def _batch_moments(f: torch.Tensor, g: torch.Tensor):
     mf, mg = f.mean(0), g.mean(0)
     fc, gc = f - mf, g - mg
     return len(f), mf, mg, t_matmul(fc, fc), t_matmul(gc, gc), t_matmul(fc, gc)
-
-
-def t_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a^T b. On the CPU through numpy's BLAS, which runs float64 products about twice as fast as torch's here
-    (tools/bench_rr_scale.py: the pass is bound by these products); elsewhere torch's."""
-    if a.device.type != "cpu":
-        return a.T @ b
-    return torch.from_numpy(a.numpy().T @ b.numpy())
 
 
 def _synced(name: str) -> property:
@@ -68,13 +60,31 @@ class RRAccumulator:
         self.fold_count = folds if keep else 0
         self._folds = tuple(RRAccumulator(dim, pairs, dim_right, device) for _ in range(folds)) if keep else None
         self._sums = PooledFoldSums(folds, dim, device) if keep else None
+        self._pending: list[PooledFoldSums] = []  # sums read into the whole, not yet into the folds' accumulators
         self._stale = False
 
     @property
     def folds(self) -> "tuple[RRAccumulator, ...] | None":
         """The folds' accumulators (None when none are kept), their statistics up to date."""
         self._sync()
+        self._fill_folds()
         return self._folds
+
+    @property
+    def fold_sizes(self) -> list[int] | None:
+        """Each fold's row count (None when no folds are kept), without converting the folds' sums."""
+        self._sync()
+        if self._folds is None:
+            return None
+        return [fold.n + sum(sums.n[i] for sums in self._pending) for i, fold in enumerate(self._folds)]
+
+    def pending_projections(self, t: torch.Tensor, m: int, centre: torch.Tensor) -> list | None:
+        """Each fold's (t[:, :m]^T G t, t[:, :m]^T K t) about `centre` straight from the rows' sums
+        (PooledFoldSums.projected), when those hold all of every fold; None otherwise (the folds' accumulators do)."""
+        self._sync()
+        if self._folds is None or len(self._pending) != 1 or any(fold.n for fold in self._folds):
+            return None
+        return self._pending[0].projected(t, m, centre)
 
     def _reset(self) -> None:
         d, e = self.dim, self.dim_right
@@ -84,22 +94,31 @@ class RRAccumulator:
         self._c_ff = self._c_gg = self._c_fg = None  # made by the first merge (or zeros when read first: `_synced`)
 
     def _sync(self) -> None:
-        """The folds' and the whole's statistics from the rows' sums (the whole: the exact sum of the folds'), or the
-        whole as the exact merge of its folds' (after an all-reduce or a merge of folds)."""
+        """The whole's statistics from the rows' sums (the exact sum of the folds'), or as the exact merge of its
+        folds' (after an all-reduce or a merge of folds). The folds' own are converted only when asked for
+        (`folds`): the per-cut test reads them projected, from the sums (`pending_projections`)."""
         sums = self._sums
         if sums is not None and sums.rows:
             assert self._folds is not None  # kept together
             self._sums = PooledFoldSums(sums.folds, self.dim, self.device)  # for rows added later
-            if not self._stale:  # the whole first: its conversion reads every fold's sums
+            sums.release()
+            if not self._stale:  # the whole: its conversion reads every fold's sums
                 self._merge(*sums.moments(None), fresh=True)
-            for i, fold in enumerate(self._folds):
-                if sums.n[i]:
-                    fold._merge(*sums.moments(i), fresh=True)
+            self._pending.append(sums)
         if self._stale:
             self._stale = False
+            self._fill_folds()
             self._reset()
             for fold in self._folds or ():
                 self._merge(fold.n, fold.mean_f, fold.mean_g, fold.c_ff, fold.c_gg, fold.c_fg)
+
+    def _fill_folds(self) -> None:
+        """The folds' accumulators += the sums read into the whole so far."""
+        for sums in self._pending:
+            for i, fold in enumerate(self._folds or ()):
+                if sums.n[i]:
+                    fold._merge(*sums.moments(i), fresh=True)
+        self._pending = []
 
     n, mean_f, mean_g = _synced("n"), _synced("mean_f"), _synced("mean_g")
     c_ff, c_gg, c_fg = _synced("c_ff"), _synced("c_gg"), _synced("c_fg")
@@ -118,16 +137,16 @@ class RRAccumulator:
             raise ValueError(f"z1 and z2 must pair up row by row, got {len(z1)} and {len(z2)} rows")
         if len(z1) == 0:
             return
+        if self._sums is not None:  # each row's products once, into its fold (which checks the values)
+            if fold is None or len(fold) != len(z1):
+                raise ValueError("an accumulator that keeps folds needs each row's fold")
+            self._sums.add(z1, z2, fold.to(torch.long))  # read in their own dtype: converted as they are shifted
+            return
         f, g = z1.to(self.device, F64), z2.to(self.device, F64)
         # a NaN or inf makes its column's sum non-finite: one pass per view, no mask of the batch's size
         if not (torch.isfinite(f.sum(0)).all() and torch.isfinite(g.sum(0)).all()):
             raise ValueError("non-finite values in the embeddings given to Rayleigh-Ritz")
-        if self._sums is None:
-            self._merge(*_batch_moments(f, g))
-            return
-        if fold is None or len(fold) != len(f):
-            raise ValueError("an accumulator that keeps folds needs each row's fold")
-        self._sums.add(f, g, fold.to(f.device, torch.long))  # each row's products once, into its fold
+        self._merge(*_batch_moments(f, g))
 
     def merge(self, other: "RRAccumulator") -> None:
         """Fold another accumulator in (exact: the same result as one pass over both streams)."""
@@ -141,7 +160,7 @@ class RRAccumulator:
         dev = self.device
         self._merge(other.n, *(t.to(dev) for t in (other.mean_f, other.mean_g, other.c_ff, other.c_gg, other.c_fg)))
         self._folds = self._sums = None  # the other part's rows have no (matching) folds: they would not cover the data
-        self.fold_count = 0
+        self._pending, self.fold_count = [], 0
 
     def _merge(self, nb, mf, mg, cff, cgg, cfg, fresh: bool = False) -> None:
         """Chan's update with another part's (count, means, centered co-moment sums); fresh: the co-moments are

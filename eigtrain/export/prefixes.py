@@ -38,7 +38,8 @@ def cut_errors(result: RRResult, acc: RRAccumulator) -> torch.Tensor | None:
     """Entry k-1: the estimated squared subspace error of the export's first k features, k = 1 .. min(r-1, 256) (see the
     module docstring). None without folds, for two encoders, or for a mode whose features are not the generalized
     solve's (their basis is not orthonormal under the Gram)."""
-    if acc.folds is None or acc.pairs or min(f.n for f in acc.folds) < 2 or result.mode != "generalized":
+    sizes = acc.fold_sizes
+    if sizes is None or acc.pairs or min(sizes) < 2 or result.mode != "generalized":
         return None
     t, lam = result.transform, result.eigenvalues
     m = min(len(lam) - 1, CUT_LIMIT)  # cuts after features 1..m: rows i <= m of the rotation, every column j
@@ -50,13 +51,16 @@ def cut_errors(result: RRResult, acc: RRAccumulator) -> torch.Tensor | None:
     half_sum = (lam[:m, None] + lam[None, :]) / 2
     # each fold's moments about the whole's centre (the solve's), in the export's basis: the whole's are their
     # average weighted by the folds' sizes (moments about one centre), so a fold differs from the whole by noise only
-    projected = [_projected_moments(fold, t, m, result.mean) for fold in acc.folds]
-    whole_gram, whole_cross = (sum(p[i] * (fold.n / acc.n) for p, fold in zip(projected, acc.folds)) for i in (0, 1))
+    # (from the rows' sums when the folds were never converted: the same moments, in a quarter of the d x d work)
+    projected = acc.pending_projections(t, m, result.mean)
+    if projected is None:
+        projected = [_projected_moments(fold, t, m, result.mean) for fold in acc.folds or ()]
+    whole_gram, whole_cross = (sum(p[i] * (size / acc.n) for p, size in zip(projected, sizes)) for i in (0, 1))
     squared = torch.zeros_like(gap)
-    for (gram, cross), fold in zip(projected, acc.folds):
+    for (gram, cross), size in zip(projected, sizes):
         rotation = ((cross - whole_cross) - half_sum * (gram - whole_gram)) / gap
         # sum_f n_f (M_f - M)^2 / (F - 1) estimates n Var(M): the whole's own squared error, per entry
-        squared += rotation.square() * (fold.n / (acc.n * (len(acc.folds) - 1)))
+        squared += rotation.square() * (size / (acc.n * (len(sizes) - 1)))
     squared[torch.arange(m), torch.arange(m)] = 0
     # error at cut k: the sum over i <= k < j (rows above the cut, columns below it)
     above = squared.cumsum(0)  # above[k-1, j] = sum over i < k
