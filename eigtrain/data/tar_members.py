@@ -67,11 +67,13 @@ def _plain_header(block: bytes) -> tuple[str, int, bytes] | None:
         return None
     if checksum != sum(block[:148]) + 256 + sum(block[156:]):  # the checksum field counts as spaces
         return None
-    name = block[:100].split(b"\0", 1)[0]
-    prefix = block[345:500].split(b"\0", 1)[0] if block[257:263] == b"ustar\0" else b""  # POSIX only, not GNU
+    name, kind = block[:100].split(b"\0", 1)[0], block[156:157]
+    if kind == b"\0" and name.endswith(b"/"):
+        kind = DIRECTORY  # old V7 tars mark a directory by its trailing slash (tarfile reads it so)
+    prefix = block[345:500].split(b"\0", 1)[0]  # read whatever the magic, as tarfile does
     if prefix:
         name = prefix + b"/" + name
-    return name.decode("utf-8", "surrogateescape"), size, block[156:157]
+    return name.decode("utf-8", "surrogateescape"), size, kind
 
 
 def _a_header(block: bytes) -> bool:

@@ -79,6 +79,18 @@ def test_every_tar_format_reads_as_webdataset_reads_it(fmt, members):
     assert ours == theirs and len(ours) >= 2
 
 
+def test_a_v7_directory_and_a_gnu_header_with_a_prefix_read_as_webdataset_reads_them():
+    v7 = bytearray(make_tar([("d/", b""), *SAMPLES[:2]]))  # a plain file's type flag, but its name ends in "/"
+    v7[156] = 0
+    v7[148:156] = b"%06o\0 " % (sum(v7[:148]) + 256 + sum(v7[156:512]))
+    gnu = bytearray(make_tar(SAMPLES[:2], tarfile.GNU_FORMAT))
+    gnu[345:348] = b"pre"  # tarfile prepends the prefix field whatever the magic says
+    gnu[148:156] = b"%06o\0 " % (sum(gnu[:148]) + 256 + sum(gnu[156:512]))
+    for case in (bytes(v7), bytes(gnu)):
+        theirs, ours = both(case)
+        assert ours == theirs and len(ours) == 2
+
+
 def test_compressed_empty_and_endless_tars_read_as_webdataset_reads_them():
     raw = make_tar(SAMPLES)
     endless = raw[: raw.index(bytes(1024), 512 * 8)]  # no end-of-archive blocks at all
