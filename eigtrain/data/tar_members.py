@@ -29,15 +29,11 @@ def read_exact(stream, size: int) -> bytes:
     data = stream.read(size)
     if len(data) == size or not data:
         return data
-    parts = [data]
-    while size > len(data):
-        more = stream.read(size - len(data))
-        if not more:
-            break
+    parts, got = [data], len(data)
+    while got < size and (more := stream.read(size - got)):
         parts.append(more)
-        data = b"".join(parts)
-        parts = [data]
-    return data
+        got += len(more)
+    return b"".join(parts)
 
 
 class _Prepended:
