@@ -20,10 +20,9 @@ import time
 import torch
 
 from eigtrain.export.moments import RRAccumulator
-from eigtrain.synthetic.extract import CHUNK, MEAN_INVARIANT, Extracted, encode, evaluate, rayleigh_ritz, target_first
+from eigtrain.synthetic.extract import MEAN_INVARIANT, Extracted, accumulate_pairs, evaluate, rayleigh_ritz, target_first
 from eigtrain.synthetic.grid import cell_configs, parse_grid_args
 from eigtrain.synthetic.kernels import build_kernel
-from eigtrain.synthetic.sampler import sample_pairs
 from eigtrain.synthetic.train import STREAM_EVAL, STREAM_EXTRACT, generator, train
 
 
@@ -35,6 +34,17 @@ def load_module(path: str):
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+class Both:
+    """Hands each encoded batch to both accumulators, so the pairs are drawn and encoded once."""
+
+    def __init__(self, *accs):
+        self.accs = accs
+
+    def update(self, f: torch.Tensor, g: torch.Tensor) -> None:
+        for acc in self.accs:
+            acc.update(f, g)
 
 
 def main(argv: list[str]) -> dict:
@@ -65,13 +75,8 @@ def main(argv: list[str]) -> dict:
     for m, cfg in enumerate(cfgs):
         member = ensemble.member(m)
         shipped_acc, previous_acc = RRAccumulator(cfg.dim, pairs=False), previous.RRAccumulator(cfg.dim)
-        gen = generator(cfg.seed, STREAM_EXTRACT)  # the pairs the grid draws for this seed
-        with torch.no_grad():
-            for lo in range(0, cfg.rr_samples, CHUNK):
-                a, a_pos = sample_pairs(kernel, min(CHUNK, cfg.rr_samples - lo), gen)
-                f, g = encode(member, a), encode(member, a_pos)
-                shipped_acc.update(f, g)
-                previous_acc.update(f, g)
+        both = Both(shipped_acc, previous_acc)  # the pairs the grid draws for this seed
+        accumulate_pairs(member, kernel, cfg.rr_samples, generator(cfg.seed, STREAM_EXTRACT), both)  # type: ignore[arg-type]
         center = cfg.objective in MEAN_INVARIANT
         shipped = rayleigh_ritz(shipped_acc, "generalized", center)
         r = previous.solve(previous_acc, mode="generalized", center=center)
