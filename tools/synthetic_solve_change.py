@@ -20,7 +20,14 @@ import time
 import torch
 
 from eigtrain.export.moments import RRAccumulator
-from eigtrain.synthetic.extract import MEAN_INVARIANT, Extracted, accumulate_pairs, evaluate, rayleigh_ritz, target_first
+from eigtrain.synthetic.extract import (
+    MEAN_INVARIANT,
+    Extracted,
+    accumulate_pairs,
+    evaluate,
+    rayleigh_ritz,
+    target_first,
+)
 from eigtrain.synthetic.grid import cell_configs, parse_grid_args
 from eigtrain.synthetic.kernels import build_kernel
 from eigtrain.synthetic.train import STREAM_EVAL, STREAM_EXTRACT, generator, train
