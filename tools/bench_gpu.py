@@ -6,7 +6,10 @@ guarded optimizer update) in modes:
   - synthetic: one uint8 batch that already lives on the GPU (no loader, no copy): the trainer's compute-bound rate;
   - reference: bare torchvision <model> forward + backward of both views (2 x batch tensors in memory, bf16
     autocast, channels_last, SGD), compiled when the trainer is (--compile): the ceiling the trainer is compared with;
-  - jpeg: the training loader over JPEG shards, data.decode=auto (nvJPEG on the GPU above 64 px, else the workers);
+  - jpeg: the training loader over JPEG shards, data.decode=auto (nvJPEG on the GPU above 64 px, on the decode-ahead
+    thread; else the workers);
+  - jpeg_workers: the same JPEG shards with data.decode=cpu (decoded in the loader workers, as PNG shards are):
+    which of the two placements keeps up with the step at this size;
   - png: the training loader over PNG shards (decoded in the loader workers);
   - ddp: the synthetic step with the model inside DistributedDataParallel (a 1-rank group), against bare;
   - components: the synthetic step's parts, each timed alone: augment_only (StepInputs: both views from the batch)
@@ -60,7 +63,7 @@ from eigtrain.train.step_inputs import StepInputs, make_loss_fn, view_options
 
 # Dense bf16 tensor-core peaks (TFLOP/s) by device name; --peak-tflops overrides.
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
-MODES = ("presets", "synthetic", "reference", "jpeg", "png", "ddp", "components", "augment_forms")
+MODES = ("presets", "synthetic", "reference", "jpeg", "jpeg_workers", "png", "ddp", "components", "augment_forms")
 # what `components` records: the step's parts, each timed alone (rows beside the step, no targets of their own)
 COMPONENTS = ("augment_only", "step_on_made_views")
 
@@ -358,18 +361,26 @@ def bench_case(
             flush=True,
         )
 
-    def loader(fmt: str):
-        decode = ["data.decode=auto"] if fmt == "jpeg" and device.type == "cuda" else []  # nvJPEG above 64 px
-        cfg = case_config(model, size, batch, compile, workers, shards[fmt](), tuple(decode), compile_mode)
+    def loader(mode: str):
+        fmt = "png" if mode == "png" else "jpeg"
+        auto = mode == "jpeg" and device.type == "cuda"  # nvJPEG above 64 px; jpeg_workers: the default, decode=cpu
+        decode = ("data.decode=auto",) if auto else ("data.decode=cpu",)
+        cfg = case_config(model, size, batch, compile, workers, shards[fmt](), decode, compile_mode)
         stream = data_setup.build_stream(cfg.data, batch_size=batch, rank=0, world_size=1, seed=0, device=device)
-        return (b["image"] for b in stream)
+        ahead = stream.jpeg_device is not None
+        where = (
+            f"nvJPEG on {stream.jpeg_device}, decode-ahead thread"
+            if ahead
+            else f"on the CPU by the loader ({workers} workers)"
+        )
+        return (b["image"] for b in stream), where
 
     resident = None
 
     def measure(mode: str) -> None:
         nonlocal resident
         if mode in ("synthetic", "ddp", "presets", "components", "augment_forms") and resident is None:
-            batches = loader("jpeg")
+            batches, _ = loader("jpeg")
             resident = next(batches).to(device)  # the same batch every step, already on the device
             del batches
         same = iter(lambda: resident, None)
@@ -392,9 +403,9 @@ def bench_case(
         elif mode == "reference":
             step, fwd = reference_step(model, size, batch, base.dim, device, compile, compile_mode)
             record(mode, step, 3.0 * fwd)
-        elif mode in ("jpeg", "png"):
-            batches = loader(mode)
-            record(mode, trainer_step(engine, loss_fn, inputs, batches, device), trainer_flops)
+        elif mode in ("jpeg", "jpeg_workers", "png"):
+            batches, decoded_in = loader(mode)
+            record(mode, trainer_step(engine, loss_fn, inputs, batches, device), trainer_flops, decoded_in=decoded_in)
             del batches
         elif mode == "ddp":
             from torch.nn.parallel import DistributedDataParallel
