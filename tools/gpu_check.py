@@ -474,6 +474,30 @@ def augment_form_lines(forms: dict) -> list[str]:
     return lines
 
 
+def checkout_commit(repo: Path) -> str:
+    """The commit whose files this checkout holds. HEAD alone can mislead: a machine that gets the working tree with
+    an old .git copy (the GPU machine's sync) reports that copy's HEAD. So the tree of the files as they are (tracked
+    and untracked, the ignored ones left out, hashed through a throwaway index) is compared with HEAD's tree; when
+    they differ, the report names the tree, which `git log --all --format='%h %T'` maps to its commit here."""
+
+    def git(*args: str, index: str | None = None) -> str:
+        env = {**os.environ, "GIT_INDEX_FILE": index} if index else None
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, env=env)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    head = git("rev-parse", "--short", "HEAD")
+    with tempfile.TemporaryDirectory() as tmp:
+        index = str(Path(tmp) / "index")
+        tree = git("write-tree", index=index) if git("add", "-A", ".", index=index) == "" else ""
+    if not head and not tree:
+        return "unknown (no .git)"
+    if tree and tree == git("rev-parse", "HEAD^{tree}"):
+        return head
+    where = f"not {head}'s: uncommitted changes, or a copy whose .git is stale" if head else "no commit"
+    find = f"`git log --all --format='%h %T' | grep {tree[:12]}` names its commit"
+    return f"the files of tree {tree[:12]} ({where}; {find})" if tree else f"{head} (the files' tree unknown)"
+
+
 def write_report(out: Path, report: dict) -> None:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     for path in (out / "report.json", out / "logs" / "report_state.json"):
@@ -557,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_impl(args.impl)
 
     py = sys.executable
+    commit = checkout_commit(REPO)  # before any step rewrites the (tracked) report
     wheels = Path(os.environ.get("WHEELS") or REPO / ".whl")
     out = Path(
         os.environ.get("OUT_DIR")
@@ -626,10 +651,9 @@ def main(argv: list[str] | None = None) -> int:
     previous = next((p for p in (logs / "report_state.json", out / "report.json") if p.exists()), None)
     merge = previous and not args.dry_run and gpus and args.part != 3  # part 3 (the benchmark alone) starts afresh
     report = json.loads(previous.read_text()) if merge else {"steps": {}}
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     report.update(
         versions=versions,
-        commit=commit.stdout.strip() or "unknown (no .git)",
+        commit=commit,
         written=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         platform=platform.platform(),
     )

@@ -167,6 +167,38 @@ def test_report_shows_figures_spreads_same_mode_targets_and_what_needs_several_g
     assert "What only a multi-GPU machine can show" in text and (tmp_path / "report.json").exists()
 
 
+def test_the_report_names_the_commit_of_the_files_even_when_the_git_copy_is_stale(tmp_path):
+    """The GPU machine gets the working tree with an old .git copy: the report must name the files' commit, not
+    that copy's HEAD."""
+
+    def git(*args: str) -> str:
+        env = {**clean_env(), "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+               "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True,
+                              env=env).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text("/.whl/\n")
+    (tmp_path / "a.py").write_text("one\n")
+    git("add", "-A")
+    git("commit", "-qm", "old")
+    old = git("rev-parse", "--short", "HEAD")
+    assert gpu_check.checkout_commit(tmp_path) == old
+    (tmp_path / ".whl").mkdir()
+    (tmp_path / ".whl" / "x.whl").write_text("ignored files are not the tree's")
+    assert gpu_check.checkout_commit(tmp_path) == old
+
+    (tmp_path / "a.py").write_text("two\n")
+    (tmp_path / "new.py").write_text("untracked but not ignored: part of what ran\n")
+    git("add", "-A")
+    git("commit", "-qm", "new")
+    new_tree = git("rev-parse", "HEAD^{tree}")
+    git("reset", "-q", "--soft", old)  # HEAD back at the old commit, the new files in place: a stale .git copy
+    said = gpu_check.checkout_commit(tmp_path)
+    assert said.startswith(f"the files of tree {new_tree[:12]} (not {old}'s") and old in said
+    assert new_tree[:12] in said.split("grep ")[1]
+
+
 def test_throughput_part_clips_its_steps_to_the_deadline_and_budgets_each_bench():
     steps = gpu_check.throughput_steps("python", Path("logs"))
     assert {s.part for s in steps} == {3} and steps[0].name == "p_r18_eager"
