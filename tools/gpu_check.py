@@ -477,25 +477,39 @@ def augment_form_lines(forms: dict) -> list[str]:
 def checkout_commit(repo: Path) -> str:
     """The commit whose files this checkout holds. HEAD alone can mislead: a machine that gets the working tree with
     an old .git copy (the GPU machine's sync) reports that copy's HEAD. So the tree of the files as they are (tracked
-    and untracked, the ignored ones left out, hashed through a throwaway index) is compared with HEAD's tree; when
-    they differ, the report names the tree, which `git log --all --format='%h %T'` maps to its commit here."""
+    and untracked, the ignored ones left out) is hashed through a throwaway index into a throwaway object folder
+    (nothing is written into .git) and compared with HEAD's tree; when they differ, the report names the tree,
+    which `git log --all --format='%h %T'` maps to its commit here."""
 
-    def git(*args: str, index: str | None = None) -> str:
-        env = {**os.environ, "GIT_INDEX_FILE": index} if index else None
-        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, env=env)
-        return done.stdout.strip() if done.returncode == 0 else ""
+    def git(*args: str, **env: str) -> str | None:
+        done = subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, env={**os.environ, **env}
+        )
+        return done.stdout.strip() if done.returncode == 0 else None
 
     head = git("rev-parse", "--short", "HEAD")
-    with tempfile.TemporaryDirectory() as tmp:
-        index = str(Path(tmp) / "index")
-        tree = git("write-tree", index=index) if git("add", "-A", ".", index=index) == "" else ""
+    objects = git("rev-parse", "--path-format=absolute", "--git-path", "objects")
+    tree = None
+    if objects:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "objects").mkdir()
+            scratch = {
+                "GIT_INDEX_FILE": str(Path(tmp) / "index"),
+                "GIT_OBJECT_DIRECTORY": str(Path(tmp) / "objects"),
+                "GIT_ALTERNATE_OBJECT_DIRECTORIES": objects,
+            }
+            if git("add", "-A", ".", **scratch) is not None:
+                tree = git("write-tree", **scratch)
     if not head and not tree:
         return "unknown (no .git)"
     if tree and tree == git("rev-parse", "HEAD^{tree}"):
         return head
+    if not tree:
+        return f"{head} (the files' own tree unknown)"
     where = f"not {head}'s: uncommitted changes, or a copy whose .git is stale" if head else "no commit"
-    find = f"`git log --all --format='%h %T' | grep {tree[:12]}` names its commit"
-    return f"the files of tree {tree[:12]} ({where}; {find})" if tree else f"{head} (the files' tree unknown)"
+    return (
+        f"the files of tree {tree[:12]} ({where}; `git log --all --format='%h %T' | grep {tree[:12]}` names its commit)"
+    )
 
 
 def write_report(out: Path, report: dict) -> None:

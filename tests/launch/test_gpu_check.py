@@ -194,9 +194,14 @@ def test_the_report_names_the_commit_of_the_files_even_when_the_git_copy_is_stal
     git("commit", "-qm", "new")
     new_tree = git("rev-parse", "HEAD^{tree}")
     git("reset", "-q", "--soft", old)  # HEAD back at the old commit, the new files in place: a stale .git copy
+    objects = sorted(p for p in (tmp_path / ".git" / "objects").rglob("*") if p.is_file())
     said = gpu_check.checkout_commit(tmp_path)
     assert said.startswith(f"the files of tree {new_tree[:12]} (not {old}'s") and old in said
     assert new_tree[:12] in said.split("grep ")[1]
+    assert sorted(p for p in (tmp_path / ".git" / "objects").rglob("*") if p.is_file()) == objects  # .git untouched
+    (tmp_path / "a.py").write_text("three\n")  # files no commit has: their tree is named, found by no commit
+    assert "the files of tree" in gpu_check.checkout_commit(tmp_path)
+    assert sorted(p for p in (tmp_path / ".git" / "objects").rglob("*") if p.is_file()) == objects
 
 
 def test_throughput_part_clips_its_steps_to_the_deadline_and_budgets_each_bench():
