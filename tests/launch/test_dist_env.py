@@ -11,7 +11,7 @@ import torch
 import torch.distributed as torch_dist
 
 from eigtrain import dist
-from eigtrain.dist import DistEnv, expand_nodelist, expand_tasks_per_node, resolve_env
+from eigtrain.dist import DistEnv, expand_nodelist, expand_tasks_per_node, resolve_env, slurm_nodes
 from eigtrain.dist.slurm_nodes import scontrol_hostnames
 from tests.support.runs import free_port
 
@@ -102,6 +102,8 @@ def test_scontrol_without_a_configuration_falls_back(tmp_path, monkeypatch):
     if shutil.which("scontrol") is None:
         pytest.skip("scontrol is not installed")
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
+    # scontrol retries a missing config for up to 60 s, so this is the timeout path; 1 s keeps CI short
+    monkeypatch.setattr(slurm_nodes, "SCONTROL_TIMEOUT_S", 1)
     assert scontrol_hostnames("n[9-11]") is None
     assert expand_nodelist("n[9-11]") == ["n9", "n10", "n11"]
 
