@@ -10,8 +10,8 @@
 # the total and fails above it. tools/gpu_check.sh installs from it with `pip install --no-index --no-deps
 # --target`, taking from .whl/ only what the image lacks (or holds too old), never torch/torchvision/numpy.
 #
-# Versions are pinned to this checkout's .venv (the versions CI tests), which this script sets up (pip install -e
-# '.[dev]', as tools/lint.sh) when it is missing or lacks a package; PYTHON=... pins to another environment. Binary wheels are downloaded for the
+# Versions are pinned to this checkout's .venv (the versions CI tests), which this script sets up (tools/venv.sh's
+# '.[dev]' install, as tools/lint.sh) when it is missing or lacks a package; PYTHON=... pins to another environment. Binary wheels are downloaded for the
 # target Python and platform (--only-binary=:all:); the two source-only distributions (deepspeed, without its
 # CUDA ops: DS_BUILD_OPS=0; antlr4-python3-runtime) are built here into pure-Python wheels; eigtrain's wheel is
 # built from this tree (gpu_check.sh rebuilds it on the device from the tree that travelled, and falls back to
@@ -23,10 +23,10 @@ if [ -z "${PYTHON:-}" ] && ! "$py" -c "import importlib.util as u, sys
 sys.exit(any(u.find_spec(m) is None for m in ('eigtrain', 'deepspeed', 'hydra', 'kornia', 'webdataset')))" 2>/dev/null
 then
   # no quickstart venv (or an incomplete one): make it as tools/lint.sh and the quickstart do; its versions are CI's
-  echo "device_wheels: $py lacks eigtrain's packages: setting up $repo/.venv (pip install -e '.[dev]')" >&2
-  [ -x "$repo/.venv/bin/python" ] || python3 -m venv "$repo/.venv"
+  echo "device_wheels: $py lacks eigtrain's packages: setting up $repo/.venv (tools/venv.sh, '.[dev]')" >&2
+  # a stamp may say installed while a package is missing (removed since): install again
+  (cd "$repo" && source tools/venv.sh && rm -f .venv/eigtrain-install.stamp && venv_install '[dev]')
   py=$repo/.venv/bin/python
-  "$py" -m pip install -q --disable-pip-version-check -e "$repo[dev]"
 fi
 out=$repo/.whl
 pyver=3.12
