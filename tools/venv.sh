@@ -27,8 +27,8 @@ uv_install() {
   local extras=$1 line key value v cert=${SSL_CERT_FILE:-}
   local args=(--python .venv/bin/python --index-strategy unsafe-best-match)
   while IFS= read -r line; do  # e.g. global.find-links='/opt/wheels', :env:.default-timeout='180'
-    [ -n "$line" ] || continue
-    key=${line%%=*}; key=${key##*.}; value=${line#*=}; value=${value#\'}; value=${value%\'}
+    case ${line%%.*} in global | install | :env:) ;; *) continue ;; esac  # other sections: other pip commands
+    key=${line%%=*}; key=${key#*.}; value=${line#*=}; value=${value#\'}; value=${value%\'}
     case $key in
       index-url) args+=(--index-url "$value") ;;
       extra-index-url) for v in $value; do args+=(--extra-index-url "$v"); done ;;

@@ -44,7 +44,9 @@ def test_pips_indexes_links_constraints_and_certificate_reach_uv(tmp_path):
         "global.find-links='/opt/wheels'\n"
         ":env:.constraint='/etc/pip/constraints.txt'\n"
         "global.cert='/etc/ssl/mine.pem'\n"
-        ":env:.default-timeout='180'\n",
+        ":env:.default-timeout='180'\n"
+        "download.dest='/elsewhere'\n"  # another pip command's section: not the install's
+        "wheel.find-links='/not/for/install'\n",
     )
     assert done.returncode == 0, done.stderr
     assert args[0] == "SSL_CERT_FILE=/etc/ssl/mine.pem"
