@@ -40,7 +40,8 @@ uv_install() {
     esac
   done < <(.venv/bin/python -m pip config list 2>/dev/null)
   .venv/bin/python -m pip install -q --disable-pip-version-check uv || return 1
-  env ${cert:+SSL_CERT_FILE="$cert"} .venv/bin/python -m uv pip install -q --compile-bytecode "${args[@]}" -e ".$extras" && return 0
+  env ${cert:+SSL_CERT_FILE="$cert"} .venv/bin/python -m uv pip install -q --compile-bytecode "${args[@]}" \
+    -e ".$extras" && return 0
   echo "venv: uv could not install .$extras: installing with pip" >&2
   return 1
 }

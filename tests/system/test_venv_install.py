@@ -50,8 +50,8 @@ def test_pips_indexes_links_constraints_and_certificate_reach_uv(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert args[0] == "SSL_CERT_FILE=/etc/ssl/mine.pem"
-    # byte-compiled at install, as pip does: with PYTHONDONTWRITEBYTECODE set (as on this project's machines) every process
-    # would compile torch again (measured: the suite 14.5 -> 23 min)
+    # byte-compiled at install, as pip does: with PYTHONDONTWRITEBYTECODE set (as on this project's machines) every
+    # process would compile torch again (measured: the suite 14.5 -> 23 min)
     assert args[1:7] == ["-m", "uv", "pip", "install", "-q", "--compile-bytecode"]
     flags = list(zip(args[7:-2:2], args[8:-2:2]))
     assert flags == [
