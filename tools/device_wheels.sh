@@ -12,8 +12,9 @@
 #
 # Versions are pinned to this checkout's .venv (the versions CI tests), which this script sets up (tools/venv.sh's
 # '.[dev]' install, as tools/lint.sh) when it is missing or lacks a package; PYTHON=... pins to another
-# environment. Binary wheels are downloaded for the target Python and platform (--only-binary=:all:); the two source-only distributions (deepspeed, without its
-# CUDA ops: DS_BUILD_OPS=0; antlr4-python3-runtime) are built here into pure-Python wheels; eigtrain's wheel is
+# environment. Binary wheels are downloaded for the target Python and platform (--only-binary=:all:); the two
+# source-only distributions (deepspeed, without its CUDA ops: DS_BUILD_OPS=0; antlr4-python3-runtime) are built
+# here into pure-Python wheels; eigtrain's wheel is
 # built from this tree (gpu_check.sh rebuilds it on the device from the tree that travelled, and falls back to
 # this one). Left out: wandb (~20 MiB; eigtrain logs to metrics.jsonl without it) and torch and its image.
 set -euo pipefail

@@ -10,7 +10,8 @@ STAND_IN = """#!/usr/bin/env bash
 case "$*" in
   "-m pip config list") cat "$HERE/config" ;;
   "-m pip install"*) ;;
-  "-m uv pip install"*) printf '%s\\n' "SSL_CERT_FILE=${SSL_CERT_FILE:-}" "$@" > "$HERE/uv_args"; exit "$(cat "$HERE/uv_rc")" ;;
+  "-m uv pip install"*) printf '%s\\n' "SSL_CERT_FILE=${SSL_CERT_FILE:-}" "$@" > "$HERE/uv_args"
+    exit "$(cat "$HERE/uv_rc")" ;;
   *) echo "unexpected: $*" >&2; exit 9 ;;
 esac
 """
