@@ -54,6 +54,7 @@ from eigtrain.data import from_config as data_setup
 from eigtrain.data.augment_draws import Sampler
 from eigtrain.data.augment_recipes import PRESETS
 from eigtrain.engine import build_engine
+from eigtrain.engine import compile_mode as resolve_compile_mode
 from eigtrain.engine.base import enable_cuda_fast_paths
 from eigtrain.models import build_encoder
 from eigtrain.objectives import build_objective
@@ -120,7 +121,7 @@ def case_config(
     workers: int,
     root: Path | str = "unused",
     extra: tuple[str, ...] = (),
-    compile_mode: str = "default",
+    compile_mode: str = "auto",
 ):
     augment = "cifar" if size <= 64 else "imagenet"
     overrides = [
@@ -148,7 +149,9 @@ def case_config(
 def trainer_pieces(cfg, size: int, batch: int, device: torch.device):
     torch.manual_seed(0)
     encoder = build_encoder(cfg.model, cfg.dim, (3, size, size))
-    engine = build_engine(cfg.engine, cfg.optim, encoder, device=device, micro_batch_size=batch, grad_accum_steps=1)
+    engine = build_engine(
+        cfg.engine, cfg.optim, encoder, device=device, micro_batch_size=batch, grad_accum_steps=1, view_hw=[size, size]
+    )
     objective = build_objective("scl", cfg.dim).to(device)
     mean, std = tuple(cfg.data.mean), tuple(cfg.data.std)
     augment = build_augment(cfg.data.augment, mean=mean, std=std, **view_options(cfg.data, engine)).to(device)
@@ -325,7 +328,7 @@ def bench_case(
     peak: float | None,
     workers: int,
     report: Report,
-    compile_mode: str = "default",
+    compile_mode: str = "auto",
 ) -> None:
     case = {
         "model": model,
@@ -335,7 +338,9 @@ def bench_case(
         "repeats": timing.repeats,
         "warmup": timing.warmup,
         "compile": compile,
-        "compile_mode": compile_mode if compile else None,
+        # the mode the step ran in (auto resolved by the view size, as the trainer resolves it) and the one asked for
+        "compile_mode": resolve_compile_mode(compile_mode, device, "ddp", 1, [size, size]) if compile else None,
+        "compile_mode_setting": compile_mode if compile else None,
         "modes": {},
     }
     report.data["results"].append(case)
@@ -401,7 +406,7 @@ def bench_case(
             case["modes"][mode] = compare_forms(inputs.augment, resident, device, timing, compiled)
             report.write()
         elif mode == "reference":
-            step, fwd = reference_step(model, size, batch, base.dim, device, compile, compile_mode)
+            step, fwd = reference_step(model, size, batch, base.dim, device, compile, case["compile_mode"] or "default")
             record(mode, step, 3.0 * fwd)
         elif mode in ("jpeg", "jpeg_workers", "png"):
             batches, decoded_in = loader(mode)
@@ -443,7 +448,9 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=2048, help="train images of the generated shards")
     parser.add_argument("--compile", action="store_true", help="engine.compile=true, and the reference compiled")
     parser.add_argument(
-        "--compile-mode", default="default", help="engine.compile_mode (and the reference's), e.g. reduce-overhead"
+        "--compile-mode",
+        default="auto",
+        help="engine.compile_mode (and the reference's, resolved as the trainer resolves it), e.g. reduce-overhead",
     )
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="loader workers")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak (default: by name)")

@@ -96,8 +96,9 @@ class EngineConfig:
     name: str = "ddp"  # ddp (DistributedDataParallel) | deepspeed (ZeRO 1-3)
     precision: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | fp32 | bf16; the objective is always fp32
     compile: bool = False  # torch.compile the encoder
+    # auto: CUDA graphs where the step is launch-bound (ddp on CUDA, one micro-batch, views <= 64 px a side)
     compile_mode: str = (
-        "default"  # default | reduce-overhead (CUDA graphs: ddp engine on CUDA, one micro-batch) | max-autotune
+        "auto"  # auto | default | reduce-overhead (CUDA graphs: ddp on CUDA, one micro-batch) | max-autotune
     )
     channels_last: Optional[bool] = None  # null: on for convolutional backbones on CUDA (engine.base.use_channels_last)
     deterministic: bool = False  # CUDA: cuDNN's deterministic kernels, no autotuning; needed for bit-identical resume

@@ -206,8 +206,10 @@ def test_the_report_names_the_commit_of_the_files_even_when_the_git_copy_is_stal
 
 def test_throughput_part_clips_its_steps_to_the_deadline_and_budgets_each_bench():
     steps = gpu_check.throughput_steps("python", Path("logs"))
-    assert {s.part for s in steps} == {3} and steps[0].name == "p_r18_eager"
-    step = gpu_check.clipped(steps[2], left=100.0)
+    # the shipped default mode first (issue 53: engine.compile_mode=auto at both image sizes)
+    assert {s.part for s in steps} == {3} and [s.name for s in steps[:2]] == ["p_r18_auto", "p_r50_auto"]
+    assert all(s.argv[s.argv.index("--compile-mode") + 1] == "auto" for s in steps[:2])
+    step = gpu_check.clipped(steps[1], left=100.0)
     assert step.box_s == 95 and step.argv[-2:] == ["--budget-s", "50"]
     assert gpu_check.clipped(steps[0], left=None).box_s == steps[0].box_s
 
