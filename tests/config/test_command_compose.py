@@ -201,3 +201,15 @@ def test_eigtrain_train_says_how_to_quote_a_value_its_grammar_cannot_read(monkey
         f"Hydra, the double quotes the shell)"
     )
     assert not point.exists()
+
+
+def test_python_dash_m_eigtrain_train_is_the_trainer_again():
+    """`python -m eigtrain.train` (older docs and scripts) runs eigtrain-train: its config error, one line."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "eigtrain.train", "experiment=nope"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().startswith("eigtrain-train: config error: experiment=nope is not an option")
