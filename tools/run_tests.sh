@@ -10,5 +10,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/venv.sh
 venv_install '[dev]'
-if command -v apt-get >/dev/null; then bash tools/slurm_local.sh install; fi  # scontrol before the tests that use it
+# Debian's Fashion-MNIST idx files: tests/data/test_idx_source.py trains on the real format (with CI set, it must)
+install_fashion_mnist() {
+  [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && return
+  export DEBIAN_FRONTEND=noninteractive
+  local install=(apt-get install -y -qq --no-install-recommends dataset-fashion-mnist)
+  "${install[@]}" >&2 || { apt-get update -qq >&2 && "${install[@]}" >&2; }  # stale package lists: update once
+}
+if command -v apt-get >/dev/null; then
+  bash tools/slurm_local.sh install  # scontrol before the tests that use it
+  install_fashion_mnist
+fi
 exec .venv/bin/python -m pytest -q --durations=15 -rs -n 2 --dist loadfile --no-loadscope-reorder "$@"

@@ -52,12 +52,15 @@ def build_augment(
         raise ValueError(f"unknown augmentation preset {preset!r}; allowed: {sorted(PRESETS)}")
     default_mean, default_std = NORMALIZATION[preset]
     augment = BatchAugment(PRESETS[preset], image_size, mean or default_mean, std or default_std)
+    augment.preset, augment.normalization_given = preset, mean is not None
     augment.compile_views, augment.dtype, augment.channels_last = compile, dtype, channels_last
     return augment
 
 
 class BatchAugment(nn.Module):
     compile_views = False  # the accelerator path compiled (`build_augment`; not nn.Module.compile)
+    preset = "?"  # the preset's name and whether mean/std were given: for the message of a channel mismatch
+    normalization_given = True
     dtype = torch.float32  # the views' dtype
     channels_last = False  # the views' memory layout
     mean: torch.Tensor  # buffers (1, C, 1, 1)
@@ -92,9 +95,7 @@ class BatchAugment(nn.Module):
         ``image_fit="whole"``); crops are then drawn from that region (without a crop: its center crop)."""
         if images.ndim != 4 or images.dtype != torch.uint8:
             raise ValueError(f"expected a uint8 batch (B, C, H, W), got {images.dtype} {list(images.shape)}")
-        channels = images.shape[1]
-        if self.mean.shape[1] not in (1, channels):
-            raise ValueError(f"images have {channels} channels but mean/std have {self.mean.shape[1]} values")
+        self._check_channels(images.shape[1])
         recipe = self.views[index]
         size = self.image_size or tuple(images.shape[-2:])
         block = Sampler(generator, images.device, images.shape[0]).random_block()  # the view's random numbers
@@ -146,6 +147,22 @@ class BatchAugment(nn.Module):
                 x = torch.stack(crops).float().div_(255)
             out[start:stop] = self._normalize(colour_blur_solarize(x, recipe, rows, select))
         return out
+
+    def _check_channels(self, channels: int) -> None:
+        values = self.mean.shape[1]
+        if values in (1, channels):
+            return
+        if self.normalization_given:
+            raise ValueError(f"images have {channels} channels but mean/std have {values} values")
+        fits = sorted(
+            name
+            for name, (mean, _) in NORMALIZATION.items()
+            if len(mean) == channels and name not in ("digits", "none")
+        )
+        raise ValueError(
+            f"images have {channels} channel(s) but augmentation preset {self.preset!r} normalizes {values}: use "
+            f"data.augment={' or '.join(fits) or 'none'} or give data.mean and data.std with {channels} value(s) each"
+        )
 
     def _normalize(self, x):
         return (x - self.mean) / self.std

@@ -7,6 +7,8 @@ Presets (view 1, view 2):
   grayscale p 0.2, Gaussian blur sigma 0.1-2 with p 1.0 / 0.1, solarization p 0.0 / 0.2.
 - ``digits``: small crops (scale 0.7-1, aspect 0.8-1.25) of 8x8 digits, i.e. shifts and zooms of about a
   pixel; no flip (digits are not mirror-symmetric), no color.
+- ``grayscale``: one-channel images such as Fashion-MNIST's 28x28: crop scale 0.2-1, flip, brightness and
+  contrast jitter 0.4/0.4 with p 0.8 (saturation, hue and grayscale mean nothing on one channel).
 - ``none``: no augmentation (the two views are equal); resize only if `image_size` differs.
 then normalization ``(x / 255 - mean) / std`` with the preset's `NORMALIZATION` unless mean/std are given.
 """
@@ -38,11 +40,13 @@ PRESETS: dict[str, tuple[ViewRecipe, ViewRecipe]] = {
     "cifar": (_CIFAR, _CIFAR),
     "imagenet": (replace(_VICREG, blur_p=1.0, solarize_p=0.0), replace(_VICREG, blur_p=0.1, solarize_p=0.2)),
     "digits": (ViewRecipe(crop_scale=(0.7, 1.0), crop_ratio=(0.8, 1.25), flip_p=0.0),) * 2,
+    "grayscale": (ViewRecipe(crop_scale=(0.2, 1.0), jitter=(0.4, 0.4, 0.0, 0.0)),) * 2,
     "none": (_NONE, _NONE),
 }
 NORMALIZATION = {  # (mean, std) per channel
     "cifar": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
     "digits": ((0.3053,), (0.3759,)),  # measured on scikit-learn's digits scaled to 0..1
+    "grayscale": ((0.2860,), (0.3530,)),  # Fashion-MNIST's train split (eigtrain-shards source=idx records its own)
     "none": ((0.5,), (0.5,)),  # broadcast over any number of channels
 }

@@ -209,9 +209,11 @@ def build_stream(
     split: str | None = None,
     num_workers: int | None = None,
     one_pass: bool = False,
+    channels: int = 3,
 ) -> ShardStream:
     """The training stream of the `data` config on `device` (pinned memory and nvJPEG decoding follow it); with
-    `one_pass`, every sample of `split` exactly once across ranks and workers (embedding, Rayleigh-Ritz)."""
+    `one_pass`, every sample of `split` exactly once across ranks and workers (embedding, Rayleigh-Ritz).
+    `channels`: what images of data.shards are decoded to (data.root's shards state their own)."""
     device = torch.device(device)
     split, key = split or data.split, "data.shards"
     pin = device.type == "cuda" if data.pin_memory is None else bool(data.pin_memory)
@@ -232,4 +234,5 @@ def build_stream(
         cache_dir=cache_dir,
         jpeg_device=jpeg,
         shards_key=key,
+        channels=channels,
     )

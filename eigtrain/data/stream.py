@@ -59,7 +59,8 @@ class ShardStream:
     pattern or a list of patterns/URLs (read in that order) holding exactly the split `split` (a config picks them
     by split: data.shards or data.val_shards, `eigtrain.data.from_config.split_shards`; `shards_key` names them in
     messages); their sample counts come from `shard_index` (a wids index), an index next to the shards, or a
-    one-time scan cached in `cache_dir`. Images are RGB.
+    one-time scan cached in `cache_dir`. Their images are converted to `channels` (3: RGB; 1: grayscale, for an
+    encoder trained on one-channel images), the channels eigtrain's own shards state in their index.
 
     Training mode (default): an endless iterator; every epoch each rank yields exactly `batches_per_epoch`
     batches, equal on all ranks; with ``resampled=False`` no sample appears twice in an epoch, and fewer than
@@ -98,6 +99,7 @@ class ShardStream:
         cache_dir: str | os.PathLike | None = None,
         jpeg_device: torch.device | None = None,
         shards_key: str = "data.shards",
+        channels: int = 3,
     ):
         check_stream(data, batch_size, (rank, world_size), seed, one_pass, jpeg_device is not None)
         split = data.split
@@ -109,6 +111,7 @@ class ShardStream:
         self.pin_memory, self.persistent_workers = bool(data.pin_memory), data.persistent_workers  # null: off
         self.mix_shards, self.io_timeout_s = data.mix_shards, float(data.io_timeout_s)
         self.image_size, self.image_fit, self.jpeg_device = as_size(data.image_size), data.image_fit, jpeg_device
+        self.foreign_channels = channels  # data.shards' images are decoded to this many channels
 
         if not data.shards:
             self.root: Path | None = Path(data.root or "")  # check_stream: data.root or data.shards
@@ -200,12 +203,13 @@ class ShardStream:
         )
 
     def _foreign_spec(self, image_key, label_key, x_key, a_key) -> DecodeSpec:
-        """Fields of shards other tools wrote: RGB images under configurable member names."""
-        size = (3, *self.image_size) if self.image_size else (3, 0, 0)
+        """Fields of shards other tools wrote: images (`foreign_channels`) under configurable member names."""
+        channels = self.foreign_channels
+        size = (channels, *self.image_size) if self.image_size else (channels, 0, 0)
         if self.mode == "views":
             return DecodeSpec(
                 "views",
-                3,
+                channels,
                 parse_keys(image_key, IMAGE_EXTS),
                 label_key,
                 image_size=self.image_size,
@@ -217,7 +221,7 @@ class ShardStream:
         a_kind = "vector" if all(k.endswith("npy") for k in a_keys) else "image"
         return DecodeSpec(
             "pairs",
-            3,
+            channels,
             parse_keys(x_key, tuple("x." + e for e in IMAGE_EXTS)),
             label_key,
             a_keys,
@@ -226,7 +230,7 @@ class ShardStream:
             self.image_size,
             "cover",
             size,
-            size if a_kind == "image" else (0,),
+            (3, *size[1:]) if a_kind == "image" else (0,),
         )
 
     # -------------------------------------------------------------------------------------------- iteration

@@ -4,6 +4,7 @@
     eigtrain-shards source=cifar10 path=~/cifar-10-batches-py out=data/cifar10 shard_size=1000
     eigtrain-shards source=imagefolder path=~/imagenette2 out=data/imagenette shard_size=1000
     eigtrain-shards source=npz path=pairs.npz out=data/pairs val_fraction=0.1
+    eigtrain-shards source=idx path=/usr/share/datasets/fashion-mnist out=data/fashion_mnist
     eigtrain-shards index 'data/in1k/train-{000000..001023}.tar'          # -> data/in1k/wids-index.json
     eigtrain-shards index 'https://host/in1k/train-{000000..001023}.tar' out=in1k-train.json
 
@@ -17,6 +18,7 @@ Shards are ``OUT/<split>-NNNNNN.tar`` with ``shard_size`` samples each (the last
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -30,6 +32,7 @@ import webdataset as wds
 
 from eigtrain.cli import compose_dataclass
 from eigtrain.data import write_marker
+from eigtrain.data.idx_files import idx_source
 from eigtrain.data.index import INDEX_NAME, ShardIndex, read_index, write_index
 from eigtrain.data.sources import Source, cifar10_source, digits_source, imagefolder_source, npz_source
 
@@ -137,16 +140,17 @@ class _ShardFile:
 
 @dataclass
 class WriteArgs:
-    source: str = "digits"  # digits (scikit-learn's) | cifar10 | imagefolder | npz
+    source: str = "digits"  # digits (scikit-learn's) | cifar10 | imagefolder | npz | idx (MNIST-format files)
     out: str | None = None  # the shard directory written (shards and index.json)
     path: str | None = None  # the source's files (every source but digits)
     shard_size: int = 1000  # samples per shard
     val_fraction: float | None = None  # digits and npz: the share held out as split val (null: 0.2)
     seed: int = 0  # the order of the samples and the train/val split
     overwrite: bool = False  # replace shards eigtrain wrote at out (anything else there is refused)
+    limit: int | None = None  # at most this many samples per split, the first of its shuffled order (null: all)
 
 
-SOURCES = ("digits", "cifar10", "imagefolder", "npz")
+SOURCES = ("digits", "cifar10", "imagefolder", "npz", "idx")
 VAL_FRACTION_SOURCES = ("digits", "npz")  # the other sources come with their own splits
 DEFAULT_VAL_FRACTION = 0.2
 
@@ -167,6 +171,8 @@ def check_args(args: dict) -> dict:
         raise ValueError(f"source={args['source']} needs path=...")
     if not needs_path and args["path"] is not None:
         raise ValueError("source=digits takes no path (the data ships with scikit-learn)")
+    if args["limit"] is not None and args["limit"] < 1:
+        raise ValueError(f"limit must be >= 1 (or null: every sample), got {args['limit']}")
     if args["val_fraction"] is not None and args["source"] not in VAL_FRACTION_SOURCES:
         raise ValueError(f"val_fraction does not apply to source={args['source']}: its splits are given by the files")
     return args
@@ -182,6 +188,8 @@ def build_source(args: dict) -> Source:
         return cifar10_source(path, seed=seed)
     if source == "imagefolder":
         return imagefolder_source(path, seed=seed)
+    if source == "idx":
+        return idx_source(path, seed=seed)
     return npz_source(path, val_fraction=val_fraction, seed=seed)
 
 
@@ -234,9 +242,11 @@ def write_source(args: dict) -> ShardIndex:
     """Write the shards `args` (checked by `check_args`) describe: eigtrain-shards, or a trainer's demo data."""
     source = build_source(args)
     meta = {**source.meta, "source": source.name, "seed": args["seed"], "shard_size": args["shard_size"]}
-    return write_shards(
-        args["out"], source.splits, shard_size=args["shard_size"], meta=meta, overwrite=args["overwrite"]
-    )
+    splits = source.splits
+    if args["limit"] is not None:  # a shuffled split's first samples: a random subset of it
+        meta["limit"] = args["limit"]
+        splits = {name: itertools.islice(samples, args["limit"]) for name, samples in splits.items()}
+    return write_shards(args["out"], splits, shard_size=args["shard_size"], meta=meta, overwrite=args["overwrite"])
 
 
 def main(argv: list[str] | None = None) -> None:

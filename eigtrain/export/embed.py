@@ -28,12 +28,15 @@ from eigtrain.data.pipe_trust import SOURCE_KEYS, check_saved_sources
 from eigtrain.export.moments import RRAccumulator
 from eigtrain.models.encoder import PairEncoder
 from eigtrain.redact import saved_value_usable
-from eigtrain.runs.checkpoint import EXPORT_NAME, read_encoder
+from eigtrain.runs.checkpoint import EXPORT_NAME, MODEL_INFO_NAME, read_encoder
+from eigtrain.runs.checkpoint_read import read_json
 from eigtrain.runs.checkpoint_verify import check_step, newest_verified
 from eigtrain.runs.checksums import file_sha256
 from eigtrain.runs.run_step import weights_record
 from eigtrain.runs.saved_config import load_saved_config
 from eigtrain.schema import DataConfig, typed, typed_option
+
+RUN_KEYS = ("label_key",)  # data keys besides the sources that the command line may set for a run's shards
 
 
 @dataclass
@@ -106,7 +109,7 @@ def open_run(
     cfg = load_saved_config(run / "config.yaml")  # plain YAML only: one line for a tag, never run
     encoder, weights_hash = read_encoder(run, step)  # the step pinned against pruning meanwhile
     encoder, output = objective_view(encoder.to(device), cfg)
-    given = {k: v for k, v in (data or {}).items() if k in SOURCE_KEYS and v is not None}
+    given = {k: v for k, v in (data or {}).items() if k in (*SOURCE_KEYS, *RUN_KEYS) and v is not None}
     if given.get("val_shards") is not None and not (given.get("shards") or cfg.data.shards):
         raise DataConfigError(
             f"data.val_shards goes with data.shards: {run} was trained on data.root="
@@ -143,7 +146,8 @@ def normalization(data: DataConfig) -> dict:
 def split_stream(
     run: TrainedRun, split: str, batch_size: int, num_workers: int, rank: int, world: int, device="cpu"
 ) -> ShardStream:
-    """One pass over the run's data (data.root's split, or its data.shards with the run's cached counts)."""
+    """One pass over the run's data (data.root's split, or its data.shards with the run's cached counts, decoded to
+    the channels the run's encoder was built for: a one-channel run's shards named by pattern are not RGB)."""
     check_split(run, split)
     data = run.data
     if not uses_shards(data):  # each worker reads whole shards of its own; 0 = in-process
@@ -159,6 +163,7 @@ def split_stream(
         split=split,
         num_workers=num_workers,
         one_pass=True,
+        channels=int(read_json(run.run_dir / MODEL_INFO_NAME)["input_shape"][0]),
     )
 
 
@@ -276,7 +281,7 @@ def reduce_encoder(cfg, env, pairs: bool, device):
 
 def command_line_data(data) -> dict[str, Any]:
     """The data keys of an eigtrain-rr / -eval command line that `open_run` applies to a saved run."""
-    return {key: getattr(data, key) for key in (*SOURCE_KEYS, "allow_pipe")}
+    return {key: getattr(data, key) for key in (*SOURCE_KEYS, *RUN_KEYS, "allow_pipe")}
 
 
 def reduce_external(cfg, env, device):

@@ -22,7 +22,7 @@ Backbone = Literal[
     "tiny_cnn", "resnet18", "resnet50", "vit_tiny", "vit_small", "vit_base", "mlp"
 ]  # eigtrain.models.BACKBONES
 DataMode = Literal["views", "pairs"]  # eigtrain.data.stream.MODES
-AugmentPreset = Literal["digits", "cifar", "imagenet", "none"]  # eigtrain.data.augment_recipes.PRESETS
+AugmentPreset = Literal["digits", "cifar", "imagenet", "grayscale", "none"]  # eigtrain.data.augment_recipes.PRESETS
 ImageFit = Literal["cover", "whole"]  # eigtrain.data.decode.FITS
 Decode = Literal["auto", "cpu", "cuda"]  # eigtrain.data.gpu_decode.DECODE_CHOICES
 Engine = Literal["ddp", "deepspeed"]  # eigtrain.engine.ENGINES
@@ -67,7 +67,7 @@ class DataConfig:
     view_size: Optional[List[int]] = None  # augmented view size [H, W]; null = the decoded image size
     resampled: bool = False  # draw shards with replacement (no epochs)
     max_corrupt: int = 10  # unusable samples skipped with a warning before the run stops
-    augment: str = "digits"  # augmentation preset on the device: digits | cifar | imagenet | none
+    augment: str = "digits"  # augmentation preset on the device: digits | cifar | imagenet | grayscale | none
     mean: Optional[List[float]] = None  # normalization; null = the augmentation preset's
     std: Optional[List[float]] = None  # normalization; null = the augmentation preset's
     write_if_missing: Optional[str] = None  # eigtrain-shards source written to `root` without index.json; null: fail

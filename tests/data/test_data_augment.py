@@ -21,6 +21,7 @@ def images(batch, channels, size, seed=0):
         ("cifar", 3, (32, 32), (32, 32)),
         ("imagenet", 3, (40, 48), (32, 32)),
         ("digits", 1, (8, 8), (8, 8)),
+        ("grayscale", 1, (28, 28), (28, 28)),
         ("none", 3, (12, 12), (12, 12)),
     ],
 )
@@ -115,7 +116,9 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="unknown augmentation preset 'simclr'"):
         build_augment("simclr")
     with pytest.raises(ValueError, match="images have 1 channels but mean/std have 3 values"):
-        build_augment("cifar")(images(2, 1, (8, 8)))
+        build_augment("cifar", mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2))(images(2, 1, (8, 8)))
+    with pytest.raises(ValueError, match="^images have 1 channel.* preset 'cifar' normalizes 3: use data.augment=gra"):
+        build_augment("cifar")(images(2, 1, (8, 8)))  # a preset's own normalization: which preset fits is named
     with pytest.raises(ValueError, match="expected a uint8 batch"):
         build_augment("cifar")(torch.zeros(2, 3, 8, 8))
 

@@ -4,7 +4,8 @@ One short training run per data source (module scope, the online monitor on) is 
 split=train and split=val), eigtrain-eval (run_dir=, both Rayleigh-Ritz conventions) and the monitor's check;
 eigtrain-rr also orders a user model and a timm model over each source, and embedding files. Sources: an
 eigtrain-shards directory (data.root), foreign webdataset shards on disk (data.shards as a brace pattern and as a
-list, data.val_shards), the same shards served over HTTP on 127.0.0.1. Each cell checks the files a command
+list, data.val_shards), the same shards served over HTTP on 127.0.0.1, and one-channel 28x28 images from MNIST-format idx
+files (eigtrain-shards source=idx, data=fashion_mnist), also named by pattern after training on data.root. Each cell checks the files a command
 writes and their key contents, or the one-line refusal where the combination must be refused."""
 
 import functools
@@ -37,12 +38,15 @@ from tests.support.foreign_shards import (
     QuietHandler,
     write_shards,
 )
+from tests.support.idx_files import write_idx_dir
 from tests.support.ordering import assert_descending_outside_ties
 from tests.support.runs import clean_env
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
-SOURCES = ["root", "pairs", "shards", "http"]  # trained on; the user-model cells take all but pairs
-IMAGE_SOURCES = ["root", "shards", "http"]
+SOURCES = ["root", "pairs", "shards", "http", "idx"]  # trained on; the user-model cells take all but pairs
+IMAGE_SOURCES = ["root", "shards", "http", "idx"]
+ONE_CHANNEL = ("root", "idx")  # eigtrain shards of grayscale images: digits' 8x8, idx files' 28x28
+OWN_SHARDS = ("root", "pairs", "idx")  # eigtrain-shards directories, read as data.root
 EVAL = ["probe=closed_form", "random_draws=2", "retrieval=torch", "retrieval_draws=1", "pca=false"]
 COMMON = [
     "experiment=cpu_debug",
@@ -101,6 +105,9 @@ def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("digits")
     write_shards_cli(["source=digits", f"out={root}", "shard_size=400"])
     pairs = write_pairs(tmp_path_factory.mktemp("pairs"))
+    idx = tmp_path_factory.mktemp("idx")
+    write_idx_dir(idx / "files", n_train=200, n_test=60)
+    write_shards_cli(["source=idx", f"path={idx / 'files'}", f"out={idx / 'shards'}", "shard_size=100"])
     directory = tmp_path_factory.mktemp("foreign")
     train = write_shards(directory, "train", TRAIN_PER_CLASS, 0, TRAIN_PER_CLASS)
     val = write_shards(directory, "val", VAL_PER_CLASS, 1, 2 * VAL_PER_CLASS)
@@ -115,6 +122,7 @@ def data(tmp_path_factory):
     yield {
         "root": (str(root), index_counts(root)),
         "pairs": (str(pairs), index_counts(pairs)),
+        "idx": (str(idx / "shards"), index_counts(idx / "shards")),
         "shards": (train, val_list, foreign_counts),
         "http": (train_urls, f"{base}/{Path(val).name}", foreign_counts),
     }
@@ -130,6 +138,8 @@ def listed(value) -> str:
 def source_overrides(data, source) -> list[str]:
     if source == "root":
         return [f"data.root={data['root'][0]}"]
+    if source == "idx":
+        return ["data=fashion_mnist", f"data.root={data['idx'][0]}"]
     if source == "pairs":  # two encoders: the image one, an MLP for the vectors
         return [
             "data=pairs",
@@ -147,7 +157,7 @@ def counts(data, source) -> dict:
 
 def split_source(data, source, split) -> str:
     """What the manifest and the eval report name as the split's data."""
-    if source in ("root", "pairs"):
+    if source in OWN_SHARDS:
         return f"split '{split}' of data.root={data[source][0]}"
     train, val, _ = data[source]
     return f"data.shards={train}" if split == "train" else f"data.val_shards={val}"
@@ -287,6 +297,33 @@ def test_embed_every_sample_of_a_split(runs, exports, data, source, split, tmp_p
     assert features.shape[1] == len(manifest["spectrum"]) and torch.isfinite(features).all()
 
 
+def idx_shards_by_pattern(data) -> list[str]:
+    """The one-channel idx shards of data.root named as data.shards / data.val_shards (no data.root)."""
+    root = data["idx"][0]
+    pattern = [f"data.shards='{root}/train-{{000000..000001}}.tar'", f"data.val_shards=['{root}/val-000000.tar']"]
+    return [*pattern, "data.label_key=cls"]
+
+
+def test_embed_of_a_one_channel_run_over_its_shards_by_pattern(runs, exports, data, tmp_path):
+    """Issue 52: shards named by pattern were decoded as 3 channels whatever the run's encoder takes; they are
+    decoded to the channels the run recorded for its model (model.json)."""
+    from eigtrain.export.corpus import main as embed_main
+    from eigtrain.export.corpus import read_embeddings
+
+    out = tmp_path / "vectors"
+    args = [f"run_dir={runs['idx']}", *idx_shards_by_pattern(data), f"out={out}", "split=val", "num_workers=1"]
+    assert embed_main(args) == 0
+    keys, features = read_embeddings(out)
+    assert len(set(keys)) == counts(data, "idx")["val"] and torch.isfinite(features).all()
+
+
+def test_eval_of_a_one_channel_run_over_its_shards_by_pattern(runs, exports, data, tmp_path):
+    out = tmp_path / "eval"
+    assert eval_main([f"run_dir={runs['idx']}", *idx_shards_by_pattern(data), f"out={out}", *EVAL]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["retrieval_setup"]["queries"] == counts(data, "idx")["val"] and "RR" in report["accuracy"]
+
+
 def test_eval_of_a_shards_run_without_val_shards_refuses_with_one_line(runs, tmp_path, capsys):
     copy = tmp_path / "run"
     shutil.copytree(runs["shards"], copy)
@@ -304,8 +341,8 @@ def test_eval_of_a_shards_run_without_val_shards_refuses_with_one_line(runs, tmp
 
 
 def encoder_data_args(data, source) -> list[str]:
-    if source == "root":
-        return [f"data.root={data['root'][0]}", "data.augment=digits"]
+    if source in ONE_CHANNEL:
+        return [f"data.root={data[source][0]}", f"data.augment={'digits' if source == 'root' else 'grayscale'}"]
     train, val, _ = data[source]
     return [
         f"data.shards={listed(train)}",
@@ -319,7 +356,7 @@ def encoder_data_args(data, source) -> list[str]:
 @pytest.mark.parametrize("source", IMAGE_SOURCES)
 def test_rr_user_model_over_every_source(data, source, split, tmp_path):
     out = tmp_path / "rr"
-    channels = ["encoder.kwargs.channels=1"] if source == "root" else []
+    channels = ["encoder.kwargs.channels=1"] if source in ONE_CHANNEL else []
     assert (
         rr_main(
             [
