@@ -75,10 +75,17 @@ def malformed(root):
         "trailing": (labels, good_labels + b"\0", r"labels-idx1-ubyte.gz holds more than the 60 bytes"),
         "counts": (labels, idx_bytes(np.zeros(59, np.uint8)), r"holds 60 images but .*labels-idx1-ubyte.gz holds 59"),
         "gzip": (images, None, r"cannot read .*images-idx3-ubyte.gz: BadGzipFile"),
+        "sizes": (
+            root / "t10k-images-idx3-ubyte.gz",
+            idx_bytes(np.zeros((20, 27, 27), np.uint8)),
+            r"train images are \[28, 28\] but t10k images \[27, 27\]",
+        ),
     }
 
 
-@pytest.mark.parametrize("case", ["magic", "dtype", "ndim", "truncated", "header", "trailing", "counts", "gzip"])
+@pytest.mark.parametrize(
+    "case", ["magic", "dtype", "ndim", "truncated", "header", "trailing", "counts", "gzip", "sizes"]
+)
 def test_malformed_idx_files_are_refused_in_one_line_naming_the_file(tmp_path, case, capsys):
     write_idx_dir(tmp_path / "idx", n_train=60, n_test=20)
     file, data, message = malformed(tmp_path / "idx")[case]

@@ -4,8 +4,9 @@ One short training run per data source (module scope, the online monitor on) is 
 split=train and split=val), eigtrain-eval (run_dir=, both Rayleigh-Ritz conventions) and the monitor's check;
 eigtrain-rr also orders a user model and a timm model over each source, and embedding files. Sources: an
 eigtrain-shards directory (data.root), foreign webdataset shards on disk (data.shards as a brace pattern and as a
-list, data.val_shards), the same shards served over HTTP on 127.0.0.1, and one-channel 28x28 images from MNIST-format idx
-files (eigtrain-shards source=idx, data=fashion_mnist), also named by pattern after training on data.root. Each cell checks the files a command
+list, data.val_shards), the same shards served over HTTP on 127.0.0.1, and one-channel 28x28 images from
+MNIST-format idx files (eigtrain-shards source=idx, data=fashion_mnist; also named by pattern after training on
+data.root, and exported by eigtrain-export). Each cell checks the files a command
 writes and their key contents, or the one-line refusal where the combination must be refused."""
 
 import functools
@@ -322,6 +323,19 @@ def test_eval_of_a_one_channel_run_over_its_shards_by_pattern(runs, exports, dat
     assert eval_main([f"run_dir={runs['idx']}", *idx_shards_by_pattern(data), f"out={out}", *EVAL]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["retrieval_setup"]["queries"] == counts(data, "idx")["val"] and "RR" in report["accuracy"]
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")
+def test_export_of_a_one_channel_run_maps_its_images_to_the_rr_features(runs, exports, data, tmp_path):
+    """eigtrain-export of the idx run: a TorchScript file taking (N, 1, 28, 28) images in [0, 1]."""
+    from eigtrain.export.standalone import main as export_main
+
+    out = tmp_path / "model.pt"
+    assert export_main([f"run_dir={runs['idx']}", f"out={out}"]) == 0
+    model = torch.jit.load(str(out))
+    features = model(torch.rand(5, 1, 28, 28))
+    manifest = json.loads((exports["idx"] / "manifest.json").read_text())
+    assert features.shape == (5, len(manifest["spectrum"])) and torch.isfinite(features).all()
 
 
 def test_eval_of_a_shards_run_without_val_shards_refuses_with_one_line(runs, tmp_path, capsys):
