@@ -85,9 +85,11 @@ def _deepspeed_plain_classes() -> list:
 # -- torch.distributed.checkpoint ------------------------------------------------------------------
 class _MetadataUnpickler(pickle.Unpickler):
     """DCP's ``.metadata`` is a pickle (its own reader unpickles it with no restriction): build only DCP's metadata
-    classes, torch sizes, dtypes, layouts and paths."""
+    classes, torch sizes, dtypes, layouts and paths. Every global is an exact (module, name) pair: a name with a dot
+    is refused whatever its module (pickle protocol 4 resolves ``os.system`` as an attribute path through any module
+    that imported os), and a name of DCP's metadata module counts only when it is a class that module defines."""
 
-    _MODULES = ("torch.distributed.checkpoint.metadata",)
+    _METADATA_MODULE = "torch.distributed.checkpoint.metadata"
     _NAMES = {
         ("torch", "Size"),
         ("torch.serialization", "_get_layout"),
@@ -100,13 +102,21 @@ class _MetadataUnpickler(pickle.Unpickler):
     }
 
     def find_class(self, module: str, name: str) -> Any:
-        if module in self._MODULES or (module, name) in self._NAMES:
+        if "." not in name and ((module, name) in self._NAMES or self._metadata_class(module, name)):
             return super().find_class(module, name)
-        if module == "torch" and isinstance(
-            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
-        ):
-            return getattr(torch, name)
+        if "." not in name and module == "torch":
+            found = getattr(torch, name, None)
+            if isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
+                return found
         raise pickle.UnpicklingError(f"{module}.{name} is not checkpoint metadata (refused: it could run code)")
+
+    def _metadata_class(self, module: str, name: str) -> bool:
+        if module != self._METADATA_MODULE:
+            return False
+        import torch.distributed.checkpoint.metadata as metadata
+
+        found = getattr(metadata, name, None)
+        return isinstance(found, type) and found.__module__ == module
 
 
 class SafeFileSystemReader(FileSystemReader):
