@@ -102,12 +102,42 @@ def _cifar_dir(path: Path) -> Path:
     return path
 
 
+class _ArrayUnpickler(pickle.Unpickler):
+    """The CIFAR-10 python batches are pickles of dicts, lists, bytes, ints and numpy arrays: build only those.
+    Containers and scalars need no global; numpy arrays need exactly these (module, name) pairs (numpy 1's and 2's
+    module names, the protocol-2 and protocol-5 forms); any other global, a dotted name included, is refused
+    before it is looked up, so a planted ``data_batch_1`` runs nothing."""
+
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        if (module, name) == ("_codecs", "encode"):  # how protocol 2 writes bytes: encode(text, "latin1")
+            return _latin1_bytes
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a CIFAR-10 batch (refused: it could run code)")
+
+
+def _latin1_bytes(text: str, encoding: str = "latin1") -> bytes:
+    """Protocol 2's bytes, rebuilt by this one codec only (a codec name is looked up by importing its module)."""
+    if encoding not in ("latin1", "latin-1") or not isinstance(text, str):
+        raise pickle.UnpicklingError(f"_codecs.encode with {encoding!r} is not part of a CIFAR-10 batch (refused)")
+    return text.encode("latin1")
+
+
 def _read_pickle(file: Path) -> dict:
     if not file.is_file():
         raise FileNotFoundError(f"cifar10 source: missing file {file}")
     try:
         with open(file, "rb") as f:
-            return pickle.load(f, encoding="bytes")
+            return _ArrayUnpickler(f, encoding="bytes").load()
     except Exception as exn:  # unpickling garbage raises many different types
         raise ValueError(f"cifar10 source: cannot unpickle {file}: {type(exn).__name__}: {exn}") from exn
 

@@ -234,3 +234,37 @@ def test_write_shards_rejects_a_sample_in_two_splits(tmp_path):
     sample = {"__key__": "k1", "png": b"..."}
     with pytest.raises(ValueError, match="'k1' occurs twice"):
         write_shards(tmp_path, {"train": [sample], "val": [sample]})
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_cifar10_batches_of_either_protocol_are_read(tmp_path, protocol):
+    from eigtrain.data.sources import read_cifar_batch
+
+    data = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072)
+    with open(tmp_path / "data_batch_1", "wb") as f:
+        pickle.dump({b"data": data, b"labels": [3, 4], b"filenames": [b"a.png", b"b.png"]}, f, protocol=protocol)
+    images, labels = read_cifar_batch(tmp_path / "data_batch_1")
+    np.testing.assert_array_equal(images.reshape(2, -1), data) and labels.tolist() == [3, 4]
+
+
+class _Planted:
+    def __init__(self, marker, how):
+        self.marker, self.how = marker, how
+
+    def __reduce__(self):  # what a hostile batch file holds: a call made while it is unpickled
+        import os
+
+        return (os.system, (f"touch {self.marker}",)) if self.how == "system" else (open, (str(self.marker), "w"))
+
+
+@pytest.mark.parametrize("how", ["system", "open"])
+def test_a_planted_cifar_batch_runs_nothing_and_is_one_line(tmp_path, how):
+    """issue 51 §4: eigtrain-shards source=cifar10 unpickled data_batch_1 with no restriction, so its command ran
+    before the one-line error; the restricted unpickler builds dicts, lists, bytes, ints and numpy arrays only."""
+    root, marker = tmp_path / "cifar", tmp_path / "code-ran"
+    write_fake_cifar(root)
+    with open(root / "data_batch_1", "wb") as f:
+        pickle.dump({b"data": _Planted(marker, how), b"labels": [0]}, f)
+    with pytest.raises(SystemExit, match=r"cannot unpickle .*data_batch_1: .*not part of a CIFAR-10 batch"):
+        main(["source=cifar10", f"path={root}", f"out={tmp_path / 'o'}"])
+    assert not marker.exists()
