@@ -18,6 +18,8 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from eigtrain.runs.saved_config import load_saved_config
+
 log = logging.getLogger("eigtrain.train.command")
 
 LINEAGE_FILE = "lineage.jsonl"
@@ -81,9 +83,9 @@ def check_resume(run_dir: Path, new: DictConfig | dict, step: int, allow_new_lin
     if not saved_path.is_file():  # a run from before config.yaml: nothing to compare with
         return ""
     try:
-        saved = OmegaConf.load(saved_path)
+        saved = load_saved_config(saved_path)  # plain data: no tag, alias or interpolation is acted on
     except Exception as error:  # YAML errors of every kind: the refusal names the file
-        return f"cannot read {saved_path}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+        return str(error).splitlines()[0] if str(error) else f"cannot read {saved_path}: {type(error).__name__}"
     changed = changes(saved, new if isinstance(new, DictConfig) else OmegaConf.create(new))
     if not changed:
         return ""
