@@ -27,6 +27,7 @@ import torch
 
 from eigtrain.evaluate import retrieval
 from eigtrain.evaluate.probes import constant_shares, paired_difference, pca_features, probe_correct, smallest_k_within
+from eigtrain.evaluate.progress import StepProgress
 from eigtrain.evaluate.report import PREFIX_METHODS, RR_PAPER
 from eigtrain.train.knn import knn_accuracy
 
@@ -56,16 +57,24 @@ def adaptive_dimension_table(
     skips retrieval and timing; RS retrieval is the mean over `retrieval_draws` random subsets.
     """
     train, test = dict(train), dict(test)
+    prefixes = {label: name for name, label in PREFIX_METHODS if name in train}
+    rs = "raw" in train and random_draws > 0
+    progress = StepProgress(
+        (len(prefixes) + bool(pca and "raw" in train) + bool(fixed) + rs) * len(dims) + 2 * ("rr" in train) + 2
+    )
     if pca and "raw" in train:
         train["pca"], test["pca"] = pca_features(train["raw"], test["raw"])
+        prefixes = {label: name for name, label in PREFIX_METHODS if name in train}
     hits = lambda tr, te: probe_correct(tr, train_y, te, test_y, probe=probe, seed=seed, **probe_kwargs)  # noqa: E731
     acc = lambda tr, te: hits(tr, te).mean(-1)  # noqa: E731
     results: dict[str, dict[int, float]] = {}
     correct: dict[str, dict[int, torch.Tensor]] = {}  # per method and k: which test samples its probe got right
-    prefixes = {label: name for name, label in PREFIX_METHODS if name in train}
 
     def score(label: str, pairs: Mapping[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        correct[label] = {k: hits(*pair)[0] for k, pair in pairs.items()}
+        correct[label] = {}
+        for k, pair in pairs.items():
+            progress.step(f"{label} probe at k={k}")
+            correct[label][k] = hits(*pair)[0]
         results[label] = {k: c.mean().item() for k, c in correct[label].items()}
 
     for label in ("RR", RR_PAPER, "JN", "FF", "PCA"):  # table order: RR, RR (paper), JN, FF, PCA, RS
@@ -75,12 +84,16 @@ def adaptive_dimension_table(
             name = prefixes[label]
             score(label, {k: (train[name][:, :k], test[name][:, :k]) for k in dims})
     subsets: dict[int, torch.Tensor] = {}
-    if "raw" in train and random_draws > 0:
+    if rs:
         subsets = _random_subsets(train["raw"].shape[1], dims, random_draws, seed)
-        results["RS"] = {
-            k: acc(*(x["raw"][:, s].permute(1, 0, 2) for x in (train, test))).mean().item() for k, s in subsets.items()
-        }
+        results["RS"] = {}
+        for k, draws in subsets.items():
+            progress.step(f"RS probes at k={k} ({len(draws)} random subsets)")
+            results["RS"][k] = _subset_accuracy(train["raw"], test["raw"], draws, acc).mean().item()
+    if "rr" in train:
+        progress.step("the ordering check (RR's top k against its bottom k)")
     ordering = _ordering(train, test, results, dims, acc) if "rr" in train else {}
+    progress.step("kNN at full dimension")
     report: dict[str, Any] = {
         "dims": dims,
         "probe": probe,
@@ -93,6 +106,7 @@ def adaptive_dimension_table(
         "paired": _paired(correct, seed),
     }
     if retrieval_backend is not None:
+        progress.step("retrieval at every k")
         backend = retrieval.resolve_backend(retrieval_backend)
         args = (train, test, train_y, test_y, dims, prefixes, fixed, subsets, retrieval_draws, backend)
         report.update(retrieval.retrieval_report(*args))
@@ -105,6 +119,18 @@ def adaptive_dimension_table(
 
 def _within(row: Mapping[int, float] | None, metric: str) -> dict[str, int | None]:
     return {f"{metric}_within_{x}pt": smallest_k_within(row, x) for x in (1, 5)} if row else {}
+
+
+def _subset_accuracy(train_raw, test_raw, draws: torch.Tensor, acc, budget_bytes: int = 1 << 28) -> torch.Tensor:
+    """Each draw's probe accuracy (coordinate subsets `draws`, (R, k)). The R probes train in parallel, in groups
+    whose stacked features stay within `budget_bytes` (a probe copies its input a few times: at 60,000 x 512 all
+    50 draws at once would be 6 GB per copy). A group's probes are the same as they would be all together: each
+    is fitted on its own subset, and every group replays the same seeded batch order."""
+    per_draw = 4 * (len(train_raw) + len(test_raw)) * draws.shape[1]
+    group = max(1, budget_bytes // max(per_draw, 1))
+    return torch.cat(
+        [acc(*(x[:, chunk].permute(1, 0, 2) for x in (train_raw, test_raw))) for chunk in draws.split(group)]
+    )
 
 
 def _random_subsets(d: int, dims: list[int], draws: int, seed: int) -> dict[int, torch.Tensor]:
