@@ -111,12 +111,11 @@ def open_run(
     encoder, output = objective_view(encoder.to(device), cfg)
     given = {k: v for k, v in (data or {}).items() if k in (*SOURCE_KEYS, *RUN_KEYS) and v is not None}
     if given.get("val_shards") is not None and not (given.get("shards") or cfg.data.shards):
-        raise DataConfigError(
-            f"data.val_shards goes with data.shards: {run} was trained on data.root="
-            f"{cfg.data.root}, whose split 'val' is read without it"
-        )  # it was ignored silently
-    for key, value in given.items():
-        cfg.data[key] = value
+        raise DataConfigError(  # it was ignored silently
+            f"data.val_shards goes with data.shards: {run} was trained on data.root={cfg.data.root}, whose split 'val' "
+            "is read without it"
+        )
+    cfg.data.update(given)
     allow_pipe = bool((data or {}).get("allow_pipe"))
     typed_data = typed(DataConfig, cfg.data)  # the one conversion of the saved data group
     return TrainedRun(
@@ -146,8 +145,7 @@ def normalization(data: DataConfig) -> dict:
 def split_stream(
     run: TrainedRun, split: str, batch_size: int, num_workers: int, rank: int, world: int, device="cpu"
 ) -> ShardStream:
-    """One pass over the run's data (data.root's split, or its data.shards with the run's cached counts, decoded to
-    the channels the run's encoder was built for: a one-channel run's shards named by pattern are not RGB)."""
+    """One pass over the run's data (data.root's split, or data.shards with the run's cached counts, in its channels)."""
     check_split(run, split)
     data = run.data
     if not uses_shards(data):  # each worker reads whole shards of its own; 0 = in-process
@@ -191,12 +189,8 @@ def key_folds(keys: list[str], folds: int) -> torch.Tensor:
 def reduce_views(encode, stream: ShardStream, augment, acc: RRAccumulator, device, seed: int = 0) -> RRAccumulator:
     """Accumulate (encode(view 1), encode(view 2)) over every batch of a one-pass stream, float64."""
     for batch in stream:
-        sizes = batch.get("size")  # valid image sizes of a padded batch (image_fit="whole")
-        v1, v2 = augment(
-            batch["image"].to(device, non_blocking=True),
-            generator=sample_generators(batch["key"], seed),
-            sizes=sizes,
-        )
+        images, sizes = batch["image"].to(device, non_blocking=True), batch.get("size")  # size: image_fit="whole"
+        v1, v2 = augment(images, generator=sample_generators(batch["key"], seed), sizes=sizes)
         with autocast(device):
             z = encode(torch.cat([v1, v2]))
         z1, z2 = z.float().chunk(2)

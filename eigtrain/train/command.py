@@ -177,17 +177,9 @@ def _setup(
     random_state.seed_all(cfg.seed)  # the same initial weights on every rank
     model = load_pretrained(build_encoder(cfg.model, cfg.dim, x_shape, a_shape), cfg.model)  # model.pretrained
     model = use_sync_batch_norm(model, cfg.model.sync_batch_norm, world, device)  # GPU jobs: on by default for ResNets
-    # the views the encoder sees (images only): engine.compile_mode=auto decides by their size
-    view_hw = data.view_size or (x_shape[-2:] if len(x_shape) == 3 else None)
-    engine = build_engine(
-        cfg.engine,
-        cfg.optim,
-        model,
-        device=device,
-        micro_batch_size=micro_batch,
-        grad_accum_steps=accum,
-        view_hw=view_hw,
-    )
+    view_hw = data.view_size or (x_shape[-2:] if len(x_shape) == 3 else None)  # images: compile_mode=auto's cue
+    sizes = dict(micro_batch_size=micro_batch, grad_accum_steps=accum, view_hw=view_hw)
+    engine = build_engine(cfg.engine, cfg.optim, model, device=device, **sizes)
     stream = data_setup.build_stream(
         data,
         batch_size=cfg.batch_size // world,
