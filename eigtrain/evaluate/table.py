@@ -49,22 +49,17 @@ def adaptive_dimension_table(
     retrieval_draws: int = 5,
     **probe_kwargs,
 ) -> dict:
-    """Accuracy per method and dimension.
-
-    train/test hold "rr" (Rayleigh-Ritz ordered features), optionally "jn" (a joint-nesting encoder's
-    features) and "raw" (the unordered full features, for random selection and the PCA baseline). fixed maps
-    k to the (train, test) features of a separately trained k-dimensional encoder. retrieval_backend=None
-    skips retrieval and timing; RS retrieval is the mean over `retrieval_draws` random subsets.
-    """
+    """Accuracy per method and dimension. train/test hold "rr" (Rayleigh-Ritz ordered features), optionally "jn"
+    (a joint-nesting encoder's features) and "raw" (the unordered full features, for random selection and the PCA
+    baseline). fixed maps k to the (train, test) features of a separately trained k-dimensional encoder.
+    retrieval_backend=None skips retrieval and timing; RS retrieval is the mean over `retrieval_draws` subsets."""
     train, test = dict(train), dict(test)
-    prefixes = {label: name for name, label in PREFIX_METHODS if name in train}
-    rs = "raw" in train and random_draws > 0
-    progress = StepProgress(
-        (len(prefixes) + bool(pca and "raw" in train) + bool(fixed) + rs) * len(dims) + 2 * ("rr" in train) + 2
-    )
     if pca and "raw" in train:
         train["pca"], test["pca"] = pca_features(train["raw"], test["raw"])
-        prefixes = {label: name for name, label in PREFIX_METHODS if name in train}
+    prefixes = {label: name for name, label in PREFIX_METHODS if name in train}
+    rs = "raw" in train and random_draws > 0
+    steps = (len(prefixes) + bool(fixed) + rs + ("rr" in train)) * len(dims) + 2  # probes, the ordering, kNN, retrieval
+    progress = StepProgress(steps)
     hits = lambda tr, te: probe_correct(tr, train_y, te, test_y, probe=probe, seed=seed, **probe_kwargs)  # noqa: E731
     acc = lambda tr, te: hits(tr, te).mean(-1)  # noqa: E731
     results: dict[str, dict[int, float]] = {}
@@ -83,16 +78,10 @@ def adaptive_dimension_table(
         elif label in prefixes:
             name = prefixes[label]
             score(label, {k: (train[name][:, :k], test[name][:, :k]) for k in dims})
-    subsets: dict[int, torch.Tensor] = {}
-    if rs:
-        subsets = _random_subsets(train["raw"].shape[1], dims, random_draws, seed)
-        results["RS"] = {}
-        for k, draws in subsets.items():
-            progress.step(f"RS probes at k={k} ({len(draws)} random subsets)")
-            results["RS"][k] = _subset_accuracy(train["raw"], test["raw"], draws, acc).mean().item()
-    if "rr" in train:
-        progress.step("the ordering check (RR's top k against its bottom k)")
-    ordering = _ordering(train, test, results, dims, acc) if "rr" in train else {}
+    subsets = _random_subsets(train["raw"].shape[1], dims, random_draws, seed) if rs else {}
+    if subsets:
+        results["RS"] = _subset_results(train["raw"], test["raw"], subsets, acc, progress)
+    ordering = _ordering(train, test, results, dims, acc, progress) if "rr" in train else {}
     progress.step("kNN at full dimension")
     report: dict[str, Any] = {
         "dims": dims,
@@ -121,6 +110,15 @@ def _within(row: Mapping[int, float] | None, metric: str) -> dict[str, int | Non
     return {f"{metric}_within_{x}pt": smallest_k_within(row, x) for x in (1, 5)} if row else {}
 
 
+def _subset_results(train_raw, test_raw, subsets: Mapping[int, torch.Tensor], acc, progress) -> dict[int, float]:
+    """RS: at each k, the mean accuracy of the probes on its random coordinate subsets."""
+    results = {}
+    for k, draws in subsets.items():
+        progress.step(f"RS probes at k={k} ({len(draws)} random subsets)")
+        results[k] = _subset_accuracy(train_raw, test_raw, draws, acc).mean().item()
+    return results
+
+
 def _subset_accuracy(train_raw, test_raw, draws: torch.Tensor, acc, budget_bytes: int = 1 << 28) -> torch.Tensor:
     """Each draw's probe accuracy (coordinate subsets `draws`, (R, k)). The R probes train in parallel, in groups
     whose stacked features stay within `budget_bytes` (a probe copies its input a few times: at 60,000 x 512 all
@@ -139,14 +137,13 @@ def _random_subsets(d: int, dims: list[int], draws: int, seed: int) -> dict[int,
     return {k: torch.stack([torch.randperm(d, generator=gen)[:k] for _ in range(draws)]) for k in dims}
 
 
-def _ordering(train, test, results, dims: list[int], acc) -> dict[int, dict[str, float]]:
+def _ordering(train, test, results, dims: list[int], acc, progress) -> dict[int, dict[str, float]]:
     """RR's top k against its bottom k: ordered features put the useful ones first."""
-    d = train["rr"].shape[1]
-    return {
-        k: {"top": results["RR"][k], "bottom": acc(train["rr"][:, d - k :], test["rr"][:, d - k :]).item()}
-        for k in dims
-        if k < d
-    }
+    d, rows = train["rr"].shape[1], {}
+    for k in (k for k in dims if k < d):
+        progress.step(f"the ordering check at k={k} (RR's bottom {k} features)")
+        rows[k] = {"top": results["RR"][k], "bottom": acc(train["rr"][:, d - k :], test["rr"][:, d - k :]).item()}
+    return rows
 
 
 def _paired(correct: Mapping[str, Mapping[int, torch.Tensor]], seed: int) -> dict:
