@@ -219,7 +219,7 @@ def report_lines(results: dict, args, stem: Path) -> list[str]:
     floor_ = results["raw pixels"]
     head = (
         f"# Fashion-MNIST: eigtrain beside lightly and raw pixels\n\nMade by `python tools/bench_fashion_mnist.py "
-        f"{' '.join(sys.argv[1:])}` at commit {results['commit']}. Layout `{args.layout}`: "
+        f"{' '.join(args.argv)}` at commit {results['commit']}. Layout `{args.layout}`: "
         + (
             "train on the 60,000 training images, scored on the 10,000 test images."
             if args.layout == "report"
@@ -285,7 +285,7 @@ def table_cells(results: dict) -> dict:
     }
 
 
-def main(argv=None) -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layout", choices=("report", "select"), default="report")
     parser.add_argument("--steps", type=int, default=0, help="0: the recipe's")
@@ -298,8 +298,18 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--limit", type=int, default=0, help="the first N images of each split (a dry run)")
     parser.add_argument("--no-eigtrain", action="store_true", help="the peers only (they use the first cell's setup)")
+    parser.add_argument("--render", action="store_true", help="only rewrite the report from its .json (same options)")
     args = parser.parse_args(argv)
-    stem = args.out or OUT / ("fashion_mnist" if args.layout == "report" else "fashion_mnist_select")
+    args.argv = [a for a in argv if a != "--render"]  # the command the report names
+    args.stem = args.out or OUT / ("fashion_mnist" if args.layout == "report" else "fashion_mnist_select")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    stem = args.stem
+    if args.render:
+        return write_report(json.loads(stem.with_suffix(".json").read_text()), args, stem)
     args.root = fmd.OUT[args.layout]
     cfg = cell_config(args, args.cells[0])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
