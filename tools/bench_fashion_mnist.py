@@ -335,11 +335,11 @@ def main(argv: list[str] | None = None) -> None:
     write_report(json.loads(stem.with_suffix(".json").read_text()), args, stem)  # the keys as the file has them
 
 
-def write_report(results: dict, args, stem: Path) -> None:
+def write_report(results: dict, args, stem: Path, plot: bool = True) -> None:
     from eigtrain.safe_files import write_text, write_with
 
     write_text(stem.with_suffix(".md"), "\n".join(report_lines(results, args, stem)) + "\n")
-    if results["eigtrain"]:
+    if results["eigtrain"] and plot:
         title = "eigenvalue decay on Fashion-MNIST"
         write_with(f"{stem}_eigenvalues.png", lambda path: claims_table.plot(table_cells(results), path, title))
     print(stem.with_suffix(".md").read_text())

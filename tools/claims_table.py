@@ -202,7 +202,7 @@ def plot(cells: dict, path: Path, title: str = "eigenvalue decay on digits, SCL 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, loc="lower left")
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, format="png")  # the path may be a temporary name (safe_files.write_with)
     plt.close(fig)
 
 
