@@ -12,12 +12,13 @@ shuffled with a fixed seed); mean/std are given to the recipes explicitly (FASHI
 from __future__ import annotations
 
 import gzip
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
-IDX_DIR = Path("/usr/share/datasets/fashion-mnist")
+IDX_DIR = Path(os.environ.get("FASHION_MNIST_IDX", "/usr/share/datasets/fashion-mnist"))  # a device: carry them
 OUT = {"report": Path("data/fashion_mnist"), "select": Path("data/fashion_mnist_select")}
 CARVE_OUT = 10_000  # the last 10,000 training images: the validation split every setting is chosen on
 FASHION_MEAN, FASHION_STD = 0.2860, 0.3530  # the 60,000 training images scaled to 0..1 (see pixel_stats)
