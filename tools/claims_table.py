@@ -139,30 +139,43 @@ def spectrum_lines(cells: dict) -> list[str]:
     return lines
 
 
-def paired_lines(cells: dict) -> list[str]:
+def spans(cuts: list[int]) -> str:
+    """1, 2, 3, 5 -> "1-3, 5"."""
+    runs: list[list[int]] = []
+    for c in cuts:
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def paired_lines(cells: dict, dims: tuple[str, ...] = DIMS, compact: bool = False) -> list[str]:
     """RR - PCA per seed over the same 359 images (eigtrain-eval's `paired`: difference and its interval, points)
     and the cuts the export calls undetermined among the first 16 (manifest `cuts`): what the data can order."""
     lines = [
         "",
         "### RR − PCA per seed, paired over the same images (points, interval), and the cuts the data leaves open",
         "",
-        "| objective | seed | k = 4 | k = 8 | k = 16 | undetermined cuts ≤ 16 |",
-        "|---|---|---|---|---|---|",
+        "| objective | seed | " + " | ".join(f"k = {k}" for k in dims) + f" | undetermined cuts ≤ {dims[-1]} |",
+        "|---|---|" + "---|" * (len(dims) + 1),
     ]
     for objective, seeds in cells.items():
         for seed, (r, _) in sorted(seeds.items()):
             paired = r.get("paired", {}).get("RR vs PCA", {})
             diffs = [
                 f"{100 * p['difference']:+.1f} [{100 * p['low']:+.1f}, {100 * p['high']:+.1f}]" if p else "–"
-                for p in (paired.get(k) for k in DIMS)
+                for p in (paired.get(k) for k in dims)
             ]
             cuts = (r.get("rr_cuts") or {}).get("undetermined")
-            open_cuts = ", ".join(str(c) for c in cuts if c <= 16) if cuts is not None else "not reported"
+            last = int(dims[-1])
+            shown = [c for c in cuts or () if c <= last]
+            open_cuts = "not reported" if cuts is None else spans(shown) if compact else ", ".join(map(str, shown))
             lines.append(f"| {NAMES.get(objective, objective)} | {seed} | " + " | ".join(diffs) + f" | {open_cuts} |")
     return lines
 
 
-def plot(cells: dict, path: Path) -> None:
+def plot(cells: dict, path: Path, title: str = "eigenvalue decay on digits, SCL vs VICReg") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -171,7 +184,8 @@ def plot(cells: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
     for i, (objective, seeds) in enumerate(cells.items()):
         for j, (_, e) in enumerate(seeds.values()):
-            for key, style in zip(("eigenvalues", other_spectrum(e)), ("-", ":")):
+            others = [k for k in e if k.startswith("eigenvalues, ")][:1]  # the paper's algorithm, where run
+            for key, style in zip(["eigenvalues", *others], ("-", ":")):
                 values = spectrum(e, key)
                 label = objective + (", the paper's algorithm" if style == ":" else "")  # the variant's short name
                 ax.plot(
@@ -184,11 +198,11 @@ def plot(cells: dict, path: Path) -> None:
                 )
     ax.set_xlabel("index i (beyond the trivial mode)")
     ax.set_ylabel("Rayleigh–Ritz eigenvalue")
-    ax.set_title("eigenvalue decay on digits, SCL vs VICReg", fontsize=9)
+    ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, loc="lower left")
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, format="png")  # the path may be a temporary name (safe_files.write_with)
     plt.close(fig)
 
 

@@ -109,6 +109,32 @@ def throughput_steps(py: str, logs: Path) -> list[Step]:
     ]
 
 
+FASHION_BOX_S = 8 * 60  # issue 50: each Fashion-MNIST step fits one <= 8-minute command (--part 4 --steps NAME)
+
+
+def fashion_steps(py: str, logs: Path) -> list[Step]:
+    """Part 4 (issue 50): the paper's protocol on Fashion-MNIST at d = 512, >= 100 epochs a step: SCL's and VICReg's
+    table (tools/bench_fashion_mnist.py, report layout, seed 0) and lightly's SimCLR on the same backbone, batch and
+    steps. Each writes benchmarks/fashion_mnist_gpu_<name>.md/.json (the shards: tools/fashion_mnist_data.py first)."""
+    bench = [py, str(REPO / "tools" / "bench_fashion_mnist.py"), "--seeds", "0"]
+    plan = [
+        ("q_fashion_scl", ["--cells", "fashion_mnist_gpu_scl", "--peers"], "SCL, ResNet-18, d = 512, 100 epochs"),
+        ("q_fashion_vicreg", ["--cells", "fashion_mnist_gpu_vicreg", "--peers"], "VICReg (paper), same protocol"),
+        ("q_fashion_lightly", ["--cells", "fashion_mnist_gpu_scl", "--peers", "simclr", "--no-eigtrain"],
+         "lightly SimCLR on the SCL recipe's backbone, batch and steps"),
+    ]  # fmt: skip
+    return [
+        Step(
+            name,
+            4,
+            FASHION_BOX_S,
+            what,
+            [*bench, *args, "--out", str(REPO / "benchmarks" / f"fashion_mnist_gpu_{name[10:]}")],
+        )
+        for name, args, what in plan
+    ]
+
+
 def cuda_steps(py: str, runs: Path, logs: Path) -> list[Step]:
     me = [py, str(REPO / "tools" / "gpu_check.py")]
     bench = [py, str(REPO / "tools" / "bench_gpu.py")]
@@ -577,9 +603,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--part",
         type=int,
-        choices=(1, 2, 3),
+        choices=(1, 2, 3, 4),
         default=None,
-        help="only this part (1, 2: <= 10 min each; 3: the throughput benchmark, <= 8 min)",
+        help="only this part (1, 2: <= 10 min each; 3: the throughput benchmark, <= 8 min; 4: Fashion-MNIST at "
+        "d = 512, one <= 8-minute step a command: --steps q_fashion_scl)",
     )
     parser.add_argument(
         "--deadline-s",
@@ -652,7 +679,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: no {wheels}: using {py}'s own packages (run tools/device_wheels.sh for an offline machine)")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(REPO / "tools")]))
     versions = json.loads(probe(py, env, VERSIONS) or "{}")
-    steps = throughput_steps(py, logs) if args.part == 3 else cuda_steps(py, runs, logs)
+    steps = (
+        {3: throughput_steps, 4: fashion_steps}[args.part](py, logs)
+        if args.part in (3, 4)
+        else cuda_steps(py, runs, logs)
+    )
     if args.dry_run or not gpus:
         list_steps(steps, INSTALL_BOX_S)
     if not gpus or args.dry_run:

@@ -7,6 +7,8 @@
 #   bash tools/gpu_check.sh --part 2         # (c) host syncs, (d) stop/resume, (e) ZeRO-2/3, (f) rr + eval,
 #                                            # (g) 1-rank NCCL + SyncBatchNorm + DDP             (<= 10 min)
 #   bash tools/gpu_check.sh                  # both parts (<= 20 min)
+#   bash tools/gpu_check.sh --part 4 --steps q_fashion_scl   # Fashion-MNIST by the paper's protocol, d = 512,
+#                                            # 100 epochs (<= 8 min a step; also q_fashion_vicreg, q_fashion_lightly)
 #
 # First it installs from .whl/ (WHEELS=...) with `pip install --no-index --no-deps --target` on top of the image's
 # torch (never replacing torch, torchvision or numpy) and prints which package came from where; never

@@ -1,0 +1,65 @@
+"""Issue 50's recipes and report (tools/bench_fashion_mnist.py): the GPU recipes follow the paper's CIFAR-10
+protocol and run >= 100 epochs; each device-script step fits one 8-minute command and names real recipes; the idx
+reader refuses a truncated file; the committed report is what its .json says (not stale)."""
+
+import gzip
+import sys
+
+import pytest
+
+from eigtrain.schema import train_config
+from eigtrain.train.command import compose_config
+from tests.support.runs import REPO
+
+sys.path.insert(0, str(REPO / "tools"))
+import bench_fashion_mnist  # noqa: E402
+import fashion_mnist_data  # noqa: E402
+import gpu_check  # noqa: E402
+
+TRAIN_IMAGES = 60_000
+
+
+@pytest.mark.parametrize(
+    "name, objective", [("fashion_mnist_gpu_scl", "scl"), ("fashion_mnist_gpu_vicreg", "vicreg_paper")]
+)
+def test_gpu_recipes_follow_the_papers_protocol_for_at_least_100_epochs(name, objective):
+    cfg = train_config(compose_config([f"experiment={name}"]))
+    assert (cfg.model.backbone, cfg.model.cifar_stem, cfg.dim, cfg.objective.name) == ("resnet18", True, 512, objective)
+    assert (cfg.optim.name, cfg.optim.lr, cfg.optim.momentum, cfg.optim.weight_decay) == ("sgd", 0.1, 0.9, 5e-4)
+    assert cfg.optim.schedule == "cosine" and 0 < cfg.optim.warmup_steps < cfg.steps // 10
+    assert cfg.steps * cfg.batch_size >= 100 * TRAIN_IMAGES * 0.99  # 117 full batches an epoch (drop_last)
+    assert cfg.nesting.mode == "joint" and cfg.model.projector_hidden == 2048
+    if objective == "scl":
+        assert cfg.objective.normalize == "prefix"  # the paper's l2 normalization, per nested prefix
+
+
+def test_cpu_recipe_composes_on_one_channel_images_with_its_own_normalization():
+    cfg = train_config(compose_config(["experiment=fashion_mnist_cpu"]))
+    assert cfg.data.mean == [0.2860] and cfg.data.std == [0.3530] and cfg.data.root == "data/fashion_mnist"
+    assert cfg.cpu_threads == 2
+
+
+def test_each_fashion_step_of_the_device_script_fits_8_minutes_and_runs_real_recipes(tmp_path):
+    steps = gpu_check.fashion_steps("python", tmp_path)
+    assert {s.name for s in steps} == {"q_fashion_scl", "q_fashion_vicreg", "q_fashion_lightly"}
+    for step in steps:
+        assert step.part == 4 and step.box_s <= 8 * 60
+        args = bench_fashion_mnist.parse(step.argv[2:])
+        for cell in args.cells:
+            bench_fashion_mnist.cell_config(argparse_root(args), cell)  # composes: the experiment exists
+        assert args.stem.name.startswith("fashion_mnist_gpu_")  # never over the committed CPU report
+
+
+def argparse_root(args):
+    args.root = fashion_mnist_data.OUT[args.layout]
+    return args
+
+
+def test_idx_reader_refuses_a_truncated_file_in_one_line(tmp_path):
+    header = b"\x00\x00\x08\x03" + (3).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2
+    path = tmp_path / "t10k-images-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(header + bytes(28 * 28 * 2)))  # 2 images of the 3 the header promises
+    with pytest.raises(ValueError, match="bytes of data for shape"):
+        fashion_mnist_data.read_idx(path)
+    path.write_bytes(gzip.compress(header + bytes(28 * 28 * 3)))
+    assert fashion_mnist_data.read_idx(path).shape == (3, 28, 28)
