@@ -11,7 +11,6 @@ shuffled with a fixed seed); mean/std are given to the recipes explicitly (FASHI
 
 from __future__ import annotations
 
-import gzip
 import os
 import sys
 from pathlib import Path
@@ -25,32 +24,12 @@ FASHION_MEAN, FASHION_STD = 0.2860, 0.3530  # the 60,000 training images scaled 
 CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 
 
-def read_idx(path: Path) -> np.ndarray:
-    """An MNIST-format idx file (gzip or not): magic 0x0000 08 NDIM, big-endian sizes, uint8 data."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
-    if len(raw) < 4 or raw[:3] != b"\x00\x00\x08":
-        raise ValueError(f"{path}: not a uint8 idx file (magic {raw[:4].hex()})")
-    ndim = raw[3]
-    shape = tuple(int(s) for s in np.frombuffer(raw, ">u4", ndim, 4))
-    data = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
-    if data.size != int(np.prod(shape)):
-        raise ValueError(f"{path}: {data.size} bytes of data for shape {list(shape)}")
-    return data.reshape(shape)
-
-
 def load(idx_dir: Path = IDX_DIR) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """{"train": (images (60000, 28, 28), labels), "test": (images (10000, 28, 28), labels)}."""
-    names = {"train": "train", "test": "t10k"}
-    out = {}
-    for split, stem in names.items():
-        images = read_idx(next(idx_dir.glob(f"{stem}-images-idx3-ubyte*")))
-        labels = read_idx(next(idx_dir.glob(f"{stem}-labels-idx1-ubyte*")))
-        if len(images) != len(labels):
-            raise ValueError(f"{idx_dir}: {len(images)} {stem} images but {len(labels)} labels")
-        out[split] = (images, labels)
-    return out
+    """{"train": (images (60000, 28, 28), labels), "test": (images (10000, 28, 28), labels)}, read by eigtrain's
+    idx source (malformed files refused in one line)."""
+    from eigtrain.data.idx_files import read_split
+
+    return {"train": read_split(idx_dir, "train"), "test": read_split(idx_dir, "t10k")}
 
 
 def splits(layout: str, data: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
