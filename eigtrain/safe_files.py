@@ -92,22 +92,33 @@ def atomic_open(
     path = Path(path)
     _ignore_file_size_signal()
     tmp, fd = _create_temporary(path, file_mode)
-    try:
+    with _removed_on_failure(tmp, path):
         with os.fdopen(fd, mode, **open_kwargs) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, file_mode)  # the umask narrowed the creation mode; the caller's bits are the intent
         _commit(tmp, path)
-    except OSError as error:
+
+
+@contextlib.contextmanager
+def _removed_on_failure(tmp: Path, path: Path) -> Iterator[None]:
+    """Whatever fails inside, the temporary file goes; an OSError (or a library's wrapped full-disk error) becomes
+    the `OutputError` naming `path`."""
+    try:
+        yield
+    except BaseException as error:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(error, OutputError):
             raise
-        raise _explain(path, error) from error
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if isinstance(error, OSError):
+            raise _explain(path, error) from error
+        if _is_space_error(error):  # safetensors and others wrap the OSError in their own exception
+            raise OutputError(
+                errno.ENOSPC,
+                f"cannot write {path}: the disk is full or the file size limit is reached; nothing was written there",
+            ) from error
         raise
 
 
@@ -130,7 +141,7 @@ def write_with(path: str | os.PathLike, writer: Callable[[Path], Any], *, file_m
     _ignore_file_size_signal()
     tmp, fd = _create_temporary(path, file_mode)
     os.close(fd)
-    try:
+    with _removed_on_failure(tmp, path):
         writer(tmp)
         fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
         try:
@@ -139,21 +150,6 @@ def write_with(path: str | os.PathLike, writer: Callable[[Path], Any], *, file_m
             os.close(fd)
         os.chmod(tmp, file_mode)
         _commit(tmp, path)
-    except OSError as error:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(error, OutputError):
-            raise
-        raise _explain(path, error) from error
-    except BaseException as error:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if _is_space_error(error):  # safetensors and others wrap the OSError in their own exception
-            raise OutputError(
-                errno.ENOSPC,
-                f"cannot write {path}: the disk is full or the file size limit is reached; nothing was written there",
-            ) from error
-        raise
 
 
 def _is_space_error(error: BaseException) -> bool:
