@@ -27,7 +27,9 @@ ImageFit = Literal["cover", "whole"]  # eigtrain.data.decode.FITS
 Decode = Literal["auto", "cpu", "cuda"]  # eigtrain.data.gpu_decode.DECODE_CHOICES
 Engine = Literal["ddp", "deepspeed"]  # eigtrain.engine.ENGINES
 Precision = Literal["auto", "fp32", "bf16"]  # eigtrain.engine.base.PRECISIONS
-CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]  # COMPILE_MODES
+CompileMode = Literal[
+    "auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+]  # COMPILE_MODES
 ZeroStage = Literal[1, 2, 3]  # eigtrain.engine.deepspeed_zero.ZERO_STAGES
 Schedule = Literal["cosine", "constant"]  # eigtrain.engine.optim.SCHEDULES
 WandbMode = Literal["offline", "online", "disabled"]  # eigtrain.train.metrics_log.WANDB_MODES
