@@ -26,7 +26,7 @@ from eigtrain.train.knn import dims_for
 USAGE = """eigtrain-eval: adaptive-dimension evaluation of a trained run or of stored features.
 
     eigtrain-eval run_dir=DIR [rr=DIR] [jn_run_dir=DIR] [ff_run_dirs=[DIR4,DIR8]] [probe=sgd|closed_form]
-                  [random_draws=50] [dims=[4,8,16]] [train_split=train] [test_split=val] [out=DIR]
+                  [random_draws=50] [random_se=0.1] [dims=[4,8,16]] [train_split=train] [test_split=val] [out=DIR]
                   [pca=true] [retrieval=auto|torch|faiss|none] [retrieval_draws=5]
                   [data.val_shards=PATTERN] [data.shards=PATTERN] [data.allow_pipe=true]
     eigtrain-eval features=FILE.npz rr=DIR out=DIR     # arrays train_z, train_y, test_z, test_y
@@ -52,7 +52,8 @@ class EvalConfig:
     train_split: str = "train"  # the split the probes train on
     test_split: str = "val"  # the split scored
     probe: str = "sgd"  # sgd (the paper's protocol, on whitened features) | closed_form (ridge least squares)
-    random_draws: int = 50  # random coordinate subsets averaged for RS at each dimension
+    random_draws: int = 50  # at most this many random coordinate subsets averaged for RS at each dimension
+    random_se: float = 0.1  # RS stops drawing once its mean's standard error is at most this (points; 0: every draw)
     dims: list[int] | None = None  # the dimensions scored (null: 4, 8, ..., d)
     out: str | None = None  # where the report goes (null: run_dir/eval, or the features file without .npz)
     device: str = "cpu"  # auto | cpu | cuda
@@ -130,6 +131,7 @@ def evaluate(cfg) -> tuple[dict, dict]:
         dims,
         fixed=fixed,
         random_draws=cfg.random_draws,
+        random_se=cfg.random_se,
         probe=cfg.probe,
         seed=cfg.seed,
         pca=cfg.pca,

@@ -42,6 +42,14 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     for method, row in acc.items():
         cells = [f"{100 * row[k]:.2f}" if k in row else "–" for k in dims]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    if report.get("random_subsets"):  # how many subsets RS averaged at each k (eigtrain.evaluate.table._draws_until)
+        used = report["random_subsets"]
+        lines += [
+            "",
+            "RS: the mean over random coordinate subsets; subsets (standard error of the mean, points): "
+            + ", ".join(f"k={k}: {u['draws']} ({u['stderr']:.2f})" for k, u in used.items())
+            + ".",
+        ]
     lines += _paired_lines(report)
     if report["ordering"]:
         lines += ["", "Ordering check (RR, first k vs last k features):", ""]

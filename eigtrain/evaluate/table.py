@@ -42,6 +42,7 @@ def adaptive_dimension_table(
     dims: list[int],
     fixed: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
     random_draws: int = 50,
+    random_se: float = 0.1,
     probe: str = "sgd",
     seed: int = 0,
     pca: bool = True,
@@ -52,7 +53,9 @@ def adaptive_dimension_table(
     """Accuracy per method and dimension. train/test hold "rr" (Rayleigh-Ritz ordered features), optionally "jn"
     (a joint-nesting encoder's features) and "raw" (the unordered full features, for random selection and the PCA
     baseline). fixed maps k to the (train, test) features of a separately trained k-dimensional encoder.
-    retrieval_backend=None skips retrieval and timing; RS retrieval is the mean over `retrieval_draws` subsets."""
+    retrieval_backend=None skips retrieval and timing; RS retrieval is the mean over `retrieval_draws` subsets.
+    RS draws subsets (up to `random_draws`) until its mean's standard error is at most `random_se` points
+    (`_draws_until`; 0: every draw); at k = d the one subset is every coordinate."""
     train, test = dict(train), dict(test)
     if pca and "raw" in train:
         train["pca"], test["pca"] = pca_features(train["raw"], test["raw"])
@@ -80,7 +83,7 @@ def adaptive_dimension_table(
             score(label, {k: (train[name][:, :k], test[name][:, :k]) for k in dims})
     subsets = _random_subsets(train["raw"].shape[1], dims, random_draws, seed) if rs else {}
     if subsets:
-        results["RS"] = _subset_results(train["raw"], test["raw"], subsets, acc, progress)
+        results["RS"], random_subsets = _subset_results(train["raw"], test["raw"], subsets, acc, progress, random_se)
     ordering = _ordering(train, test, results, dims, acc, progress) if "rr" in train else {}
     progress.step("kNN at full dimension")
     report: dict[str, Any] = {
@@ -94,6 +97,8 @@ def adaptive_dimension_table(
         "constant_share": constant_shares(test, prefixes, fixed),
         "paired": _paired(correct, seed),
     }
+    if subsets:  # how many subsets RS averaged at each k, and the standard error of that mean (points)
+        report["random_subsets"] = random_subsets
     if retrieval_backend is not None:
         progress.step("retrieval at every k")
         backend = retrieval.resolve_backend(retrieval_backend)
@@ -110,13 +115,35 @@ def _within(row: Mapping[int, float] | None, metric: str) -> dict[str, int | Non
     return {f"{metric}_within_{x}pt": smallest_k_within(row, x) for x in (1, 5)} if row else {}
 
 
-def _subset_results(train_raw, test_raw, subsets: Mapping[int, torch.Tensor], acc, progress) -> dict[int, float]:
-    """RS: at each k, the mean accuracy of the probes on its random coordinate subsets."""
-    results = {}
+def _subset_results(train_raw, test_raw, subsets: Mapping[int, torch.Tensor], acc, progress, se: float):
+    """RS: at each k, the mean accuracy of the probes on its random coordinate subsets, and per k the draws used
+    and the standard error of their mean (points)."""
+    results, used = {}, {}
     for k, draws in subsets.items():
-        progress.step(f"RS probes at k={k} ({len(draws)} random subsets)")
-        results[k] = _subset_accuracy(train_raw, test_raw, draws, acc).mean().item()
-    return results
+        progress.step(f"RS probes at k={k} (up to {len(draws)} random subsets)")
+        scores = _draws_until(train_raw, test_raw, draws, acc, se / 100)
+        results[k] = scores.mean().item()
+        used[k] = {"draws": len(scores), "stderr": 100 * _stderr(scores)}
+    return results, used
+
+
+def _stderr(scores: torch.Tensor) -> float:
+    return (scores.double().std() / len(scores) ** 0.5).item() if len(scores) > 1 else 0.0
+
+
+def _draws_until(train_raw, test_raw, draws: torch.Tensor, acc, se: float, group: int = 5) -> torch.Tensor:
+    """The accuracies of the first draws, `group` at a time, until the standard error of their mean is at most
+    `se` (a fraction) or every draw is scored (se <= 0: every draw). Wide subsets overlap most of the coordinates
+    and their probes barely differ, so most of their draws (the costly probes) would move the mean by less than its
+    error; narrow ones differ and are cheap, and get their draws."""
+    if se <= 0:
+        return _subset_accuracy(train_raw, test_raw, draws, acc)
+    scores = _subset_accuracy(train_raw, test_raw, draws[:group], acc)
+    while len(scores) < len(draws) and _stderr(scores) > se:
+        scores = torch.cat(
+            [scores, _subset_accuracy(train_raw, test_raw, draws[len(scores) : len(scores) + group], acc)]
+        )
+    return scores
 
 
 def _subset_accuracy(train_raw, test_raw, draws: torch.Tensor, acc, budget_bytes: int = 1 << 28) -> torch.Tensor:
@@ -132,9 +159,11 @@ def _subset_accuracy(train_raw, test_raw, draws: torch.Tensor, acc, budget_bytes
 
 
 def _random_subsets(d: int, dims: list[int], draws: int, seed: int) -> dict[int, torch.Tensor]:
-    """RS: `draws` random coordinate subsets of each size k (one generator, so the same subsets for every probe)."""
+    """RS: `draws` random coordinate subsets of each size k (one generator, so the same subsets for every probe).
+    At k >= d there is one: every subset is all d coordinates in some order, and the whitened probe, kNN and the
+    cosine search are the same in any order of the coordinates."""
     gen = torch.Generator().manual_seed(seed)
-    return {k: torch.stack([torch.randperm(d, generator=gen)[:k] for _ in range(draws)]) for k in dims}
+    return {k: torch.stack([torch.randperm(d, generator=gen)[:k] for _ in range(draws if k < d else 1)]) for k in dims}
 
 
 def _ordering(train, test, results, dims: list[int], acc, progress) -> dict[int, dict[str, float]]:

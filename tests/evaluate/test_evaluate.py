@@ -59,6 +59,8 @@ def test_table_orders_methods_and_writes_readable_report(tmp_path):
     )
     acc = report["accuracy"]
     assert acc["RR"][4] > acc["RS"][4] + 0.2
+    used = report["random_subsets"]  # RS says what it averaged: k = d is one subset (all coordinates)
+    assert 5 <= used[4]["draws"] <= 10 and used[16] == {"draws": 1, "stderr": 0.0}
     assert report["ordering"][4]["top"] > report["ordering"][4]["bottom"] + 0.4
     # PCA of the same (shuffled) embedding finds the informative directions; retrieval follows the ordering
     assert acc["PCA"][4] > acc["RS"][4] + 0.2
