@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 from omegaconf import MISSING
 
-from eigtrain import engine, schema
+from eigtrain import engine, safe_files, schema
 from eigtrain.data import augment, gpu_decode, stream, write
 from eigtrain.engine import base, optim
 from eigtrain.evaluate import command as evaluate
@@ -157,7 +157,7 @@ def main() -> None:
     if len(args) > 1 or (args and args[0].startswith("-")):  # --help must not become a file named --help
         raise SystemExit("usage: python -m eigtrain.config_doc [OUT]   (default: docs/configuration.md)")
     out = Path(args[0] if args else "docs/configuration.md")
-    out.write_text(render())
+    safe_files.write_text(out, render())
     print(f"wrote {out}")
 
 

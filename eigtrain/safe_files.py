@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import signal
 from collections.abc import Callable, Iterator
@@ -31,6 +32,12 @@ class OutputError(OSError):
 
 
 def _explain(path: Path, error: OSError) -> OutputError:
+    if error.errno == errno.ELOOP:
+        return OutputError(
+            errno.ELOOP,
+            f"cannot write {path}: it is a symbolic link (eigtrain does not write through links in its outputs); "
+            "remove it or name another directory",
+        )
     if error.errno in _SPACE_ERRORS:
         cause = "the disk is full" if error.errno in (errno.ENOSPC, errno.EDQUOT) else "the file size limit is reached"
         return OutputError(
@@ -49,6 +56,16 @@ def _ignore_file_size_signal() -> None:
 
 def _temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+
+
+_TEMPORARY = re.compile(r"\.(.+)\.[0-9a-f]{12}\.tmp")
+
+
+def temporary_of(name: str) -> str | None:
+    """The name a temporary file of ours (left by a killed write) was to become, else None: an output directory
+    holding it still holds only eigtrain's files."""
+    match = _TEMPORARY.fullmatch(name)
+    return match[1] if match else None
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -158,6 +175,35 @@ def _is_space_error(error: BaseException) -> bool:
         word in text
         for word in ("No space left", "File too large", "Disk quota", "os error 28", "os error 27", "os error 122")
     )
+
+
+def open_descriptor(path: str | os.PathLike, flags: int, *, file_mode: int = _DEFAULT_MODE) -> int:
+    """os.open for the files eigtrain keeps open and writes in place (a lock, an appended log): created if missing,
+    never through a symbolic link at `path` (O_NOFOLLOW: refused in one line naming it)."""
+    path = Path(path)
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), file_mode)
+    except OSError as error:
+        raise _explain(path, error) from error
+
+
+def refuse_link(path: str | os.PathLike) -> None:
+    """OutputError (one line) when `path` is a symbolic link: for a file eigtrain reads back and rewrites."""
+    if Path(path).is_symlink():
+        raise _explain(Path(path), OSError(errno.ELOOP, os.strerror(errno.ELOOP)))
+
+
+def open_append(path: str | os.PathLike, *, file_mode: int = _DEFAULT_MODE) -> IO[str]:
+    """A text log eigtrain appends to line by line (metrics.jsonl), opened by `open_descriptor`."""
+    _ignore_file_size_signal()
+    return os.fdopen(open_descriptor(path, os.O_WRONLY | os.O_APPEND, file_mode=file_mode), "a", encoding="utf-8")
+
+
+def one_line(value: object) -> str:
+    """`value` as text for a report line: control characters (newlines included) escaped, so a value read from
+    someone's config (``data.root``) stays inside its line and cannot add lines to a file that is later sourced."""
+    text = str(value)
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def make_dir(path: str | os.PathLike, *, mode: int = 0o755) -> Path:

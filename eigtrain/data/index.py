@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from eigtrain import safe_files
+
 INDEX_NAME = "index.json"
 META_KEY = "meta"
 FORMAT_VERSION = 1
@@ -84,6 +86,4 @@ def write_index(root: Path, splits: dict[str, dict[str, int]], meta: dict) -> No
     if META_KEY in splits:
         raise ValueError(f"{META_KEY!r} is reserved in {INDEX_NAME} and cannot be a split name")
     payload = {**splits, META_KEY: {"format": FORMAT_VERSION, **meta}}
-    tmp = root / (INDEX_NAME + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, root / INDEX_NAME)
+    safe_files.write_text(root / INDEX_NAME, json.dumps(payload, indent=1, sort_keys=True) + "\n")

@@ -21,6 +21,7 @@ from typing import cast
 from urllib.parse import urljoin, urlparse
 from urllib.request import urlopen
 
+from eigtrain import safe_files
 from eigtrain.data.bounded_io import call_within
 from eigtrain.data.shards import (
     DEFAULT_TIMEOUT_S,
@@ -63,9 +64,7 @@ def write_wids_index(out: str | os.PathLike, urls: list[str], counts: list[int],
             url = path.name
         entries.append({"url": redact_url(url), "nsamples": int(n)})  # an index persists no credential
     payload = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": name, "shardlist": entries}
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1) + "\n")
-    os.replace(tmp, out)
+    safe_files.write_text(out, json.dumps(payload, indent=1) + "\n")
     return out
 
 
@@ -206,7 +205,5 @@ def _scanned_counts(urls: list[str], cache_dir, timeout_s: float, threads: int) 
         counts = list(pool.map(lambda u: count_samples(u, timeout_s), urls))
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"urls": names, "versions": versions, "counts": counts}) + "\n")
-        os.replace(tmp, cache)
+        safe_files.write_text(cache, json.dumps({"urls": names, "versions": versions, "counts": counts}) + "\n")
     return dict(zip(urls, counts))

@@ -12,15 +12,18 @@ import re
 import socket
 from pathlib import Path
 
+from eigtrain import safe_files
+
 MARKER = ".eigtrain-writing"
-_OWN = re.compile(r"^[A-Za-z0-9_.-]+-\d{6}\.tar(\.tmp)?$|^index\.json\.tmp$")  # what write_shards names a file
+# what write_shards names a file: shards, their temporaries, the index's temporary (eigtrain.safe_files, or older)
+_OWN = re.compile(r"^[A-Za-z0-9_.-]+-\d{6}\.tar(\.tmp)?$|^index\.json\.tmp$|^\.index\.json\.[0-9a-f]{12}\.tmp$")
 
 
 def begin(out: Path) -> None:
     """Mark `out` as being written by this process (before any shard)."""
     record = {"pid": os.getpid(), "host": socket.gethostname()}
     path = Path(out) / MARKER
-    path.write_text(json.dumps(record) + "\n")
+    safe_files.write_text(path, json.dumps(record) + "\n")
 
 
 def finish(out: Path) -> None:

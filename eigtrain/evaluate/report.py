@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+from eigtrain import safe_files
 from eigtrain.runs.output_dirs import EVAL_ENTRIES, check_output_dir
 from eigtrain.runs.provenance import provenance_line
 from eigtrain.runs.run_step import describe
@@ -17,9 +18,9 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     be new, empty or an earlier report's (its files are replaced; anything else there is refused)."""
     out = Path(out_dir)
     check_output_dir(out, EVAL_ENTRIES, "out")
-    out.mkdir(parents=True, exist_ok=True)
+    safe_files.make_dir(out)
     json_path = out / "report.json"  # the numbers first: a report that fails to render loses none of the work
-    json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    safe_files.write_text(json_path, json.dumps(report, indent=2, default=str) + "\n")
     dims, acc = report["dims"], report["accuracy"]
     probe_note = (
         "linear probe, SGD 50 epochs"
@@ -28,15 +29,24 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     )
     if report.get("probe_features") == "whitened":
         probe_note += ", on each method's first k features whitened on the training split (it scores their span)"
-    lines = [f"### {title or 'Linear probe accuracy (%) by representation size'}", "", f"Probe: {probe_note}.", ""]
+    lines = [
+        f"### {safe_files.one_line(title or 'Linear probe accuracy (%) by representation size')}",
+        "",
+        f"Probe: {probe_note}.",
+        "",
+    ]
     if report.get("data"):
         seen = " Embeddings l2-normalized, as the objective saw them." if report.get("input") == "l2_normalized" else ""
-        lines += [f"Data: fitted on {report['data']['train']}; scored on {report['data']['test']}.{seen}", ""]
+        data = {split: safe_files.one_line(report["data"][split]) for split in ("train", "test")}  # others' values
+        lines += [f"Data: fitted on {data['train']}; scored on {data['test']}.{seen}", ""]
     if report.get("weights"):  # which step each run was scored at (an unfinished run's newest checkpoint)
-        used = [f"{w['run_dir']} at {describe(w['weights'], w['step'], w['steps'])}" for w in report["weights"]]
+        used = [
+            safe_files.one_line(f"{w['run_dir']} at {describe(w['weights'], w['step'], w['steps'])}")
+            for w in report["weights"]
+        ]
         lines += [f"Weights: {'; '.join(used)}.", ""]
     if report.get("rr_export"):  # whose weights the export was solved on (eigtrain.runs.provenance)
-        lines += [provenance_line(report["rr_export"]), ""]
+        lines += [safe_files.one_line(provenance_line(report["rr_export"])), ""]
     lines.append("| Methods \\ Dims | " + " | ".join(str(k) for k in dims) + " |")
     lines.append("|---|" + "---|" * len(dims))
     for method, row in acc.items():
@@ -71,8 +81,8 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
         "json": out / "report.json",
         "plot": out / "accuracy_vs_dim.png",
     }
-    paths["markdown"].write_text("\n".join(lines) + "\n")
-    with open(paths["csv"], "w", newline="") as fh:
+    safe_files.write_text(paths["markdown"], "\n".join(lines) + "\n")
+    with safe_files.atomic_open(paths["csv"], "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["method", *dims])
         for method, row in _extra_rows(report, acc):
@@ -253,7 +263,7 @@ def _plot(report: dict, path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    safe_files.write_with(path, lambda tmp: fig.savefig(tmp, format="png"))
     plt.close(fig)
 
 
@@ -295,5 +305,5 @@ def _plot_retrieval(report: dict, path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
-    fig.savefig(path)
+    safe_files.write_with(path, lambda tmp: fig.savefig(tmp, format="png"))
     plt.close(fig)

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from eigtrain import dist as edist
+from eigtrain import safe_files
 from eigtrain.data import build_augment
 from eigtrain.export.embed import (
     TrainedRun,
@@ -43,7 +44,8 @@ from eigtrain.runs.provenance import export_provenance
 
 FORMAT = "eigtrain-embeddings-v1"  # manifest["format"]: the mark of a directory eigtrain-embed wrote
 MANIFEST = "manifest.json"
-CHUNK = re.compile(r"\.?rank-(\d+)-chunk-(\d{5})\.safetensors(\.tmp)?")  # .NAME.tmp: one being written
+# .NAME[.HEX].tmp: one being written (eigtrain.safe_files)
+CHUNK = re.compile(r"\.?rank-(\d+)-chunk-(\d{5})\.safetensors(?:\.[0-9a-f]{12})?(\.tmp)?")
 DTYPES = {"float16": torch.float16, "float32": torch.float32}
 
 USAGE = """eigtrain-embed: the ordered features of every sample of a split, in chunks with their keys.
@@ -134,9 +136,7 @@ def check_same(out: Path, old: dict, new: dict) -> None:
 
 
 def write_manifest(out: Path, manifest: dict) -> None:
-    tmp = out / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, out / MANIFEST)
+    safe_files.write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
 
 
 def chunk_files(out: Path) -> list[Path]:
@@ -156,9 +156,9 @@ def chunk_keys(path: Path) -> list[str]:
 def write_chunk(out: Path, rank: int, index: int, keys: list[str], features: torch.Tensor) -> Path:
     """One chunk, renamed into place once written: it exists only when complete."""
     path = out / f"rank-{rank}-chunk-{index:05d}.safetensors"
-    tmp = out / f".{path.name}.tmp"
-    save_file({"features": features.contiguous()}, str(tmp), {"keys": json.dumps(keys)})
-    os.replace(tmp, path)
+    safe_files.write_with(
+        path, lambda tmp: save_file({"features": features.contiguous()}, str(tmp), {"keys": json.dumps(keys)})
+    )
     return path
 
 
@@ -166,7 +166,7 @@ def resume_point(out: Path, rank: int) -> tuple[set[str], int]:
     """(the keys complete chunks hold, this rank's next chunk index). Every rank's keys: a rerun on another world
     size still embeds each sample exactly once."""
     done = chunk_files(out) if out.is_dir() else []
-    for stale in out.glob(f".rank-{rank}-chunk-*.safetensors.tmp"):  # this rank's, cut short by a kill
+    for stale in out.glob(f".rank-{rank}-chunk-*.safetensors*.tmp"):  # this rank's, cut short by a kill
         stale.unlink()
     return {key for path in done for key in chunk_keys(path)}, sum(p.name.startswith(f"rank-{rank}-") for p in done)
 

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from eigtrain import safe_files
+
 FORMATS = ("torchscript", "onnx")
 FORMAT_TAG = "eigtrain-standalone-v1"  # metadata["format"]: the mark of a file eigtrain-export wrote
 META_NAME = "eigtrain.json"  # TorchScript extra file / ONNX metadata_props key "eigtrain"
@@ -216,13 +218,12 @@ def export_standalone(cfg: ExportConfig) -> dict:
     check_target(out, cfg.overwrite)  # before any work
     model, metadata = build_standalone(str(cfg.run_dir), cfg.rr)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
+
+    def write(tmp: Path) -> None:  # a fresh temporary beside out= (eigtrain.safe_files), renamed over it when whole
         (write_onnx if cfg.format == "onnx" else write_torchscript)(model, metadata, tmp)
         check_target(out, cfg.overwrite)  # again: something may have appeared there meanwhile
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    safe_files.write_with(out, write)
     return metadata
 
 

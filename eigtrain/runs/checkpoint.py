@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
+from eigtrain import safe_files
 from eigtrain.runs.checkpoint_read import load_tensors, model_weights, read_json, reading
 from eigtrain.runs.checkpoint_verify import newest_verified, write_checksums
 from eigtrain.runs.step_dirs import (  # the step directories' names and discovery, here for callers of this module
@@ -43,11 +44,6 @@ __all__ = [
     "step_dir",
 ]  # read by eigtrain.export.embed and the tests from here
 log = logging.getLogger(__name__)
-
-
-def _sync(f) -> None:
-    f.flush()
-    os.fsync(f.fileno())
 
 
 def _fsync_path(path: Path) -> None:
@@ -77,12 +73,7 @@ def fsync_tree(path: Path) -> None:
 def mark_complete(path: Path, info: Mapping[str, Any]) -> None:
     """Write the marker atomically (temp file, fsync, rename, directory fsync) so it is either absent or whole.
     Call it only once the checkpoint's own files are durable (`fsync_tree`)."""
-    tmp = Path(path) / f".{MARKER}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(dict(info), f)
-        _sync(f)
-    os.replace(tmp, Path(path) / MARKER)
-    _fsync_path(Path(path))
+    safe_files.write_text(Path(path) / MARKER, json.dumps(dict(info)))  # fsyncs the file and the directory
 
 
 def is_ours(path: Path) -> bool:
@@ -100,7 +91,7 @@ def _claim_step_dir(path: Path) -> str:
         )
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
-    (path / OWNER).write_text("written by eigtrain's Checkpointer\n")
+    safe_files.write_text(path / OWNER, "written by eigtrain's Checkpointer\n")
     return ""
 
 
@@ -193,11 +184,10 @@ class Checkpointer:
         if refused:
             raise FileExistsError(refused)
         self.engine.save(path, client_state=trainer_state)
-        with open(path / f"rank-{self.rank}.pt", "wb") as f:
+        with safe_files.atomic_open(path / f"rank-{self.rank}.pt", "wb") as f:
             torch.save(dict(rank_state), f)
         if self.rank == 0:
-            with open(path / "trainer.json", "w") as f:
-                json.dump(dict(trainer_state), f, indent=1)
+            safe_files.write_text(path / "trainer.json", json.dumps(dict(trainer_state), indent=1))
         # Each rank flushes what it wrote (a shared filesystem syncs a file from the node that wrote it), then
         # the directories: only then may the marker say "complete".
         fsync_tree(path)
@@ -249,10 +239,9 @@ def export_model(path: Path, state_dict: Mapping[str, torch.Tensor], metadata: M
     """The trained weights as safetensors; metadata values are stored as JSON strings."""
     from safetensors.torch import save_file
 
-    tmp = Path(path).with_suffix(".tmp")
     tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
-    save_file(tensors, str(tmp), metadata={k: json.dumps(v) for k, v in metadata.items()})
-    os.replace(tmp, path)
+    meta = {k: json.dumps(v) for k, v in metadata.items()}
+    safe_files.write_with(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
 
 def load_encoder(run_dir: Path, step_path: Path | None = None) -> torch.nn.Module:

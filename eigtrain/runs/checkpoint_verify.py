@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
+from eigtrain import safe_files
 from eigtrain.runs.checkpoint_read import CheckpointReadError
 from eigtrain.runs.checksums import file_sha256
 
@@ -29,18 +29,8 @@ def write_checksums(path: Path, skip: tuple[str, ...]) -> str:
         for p in sorted(path.rglob("*"))
         if p.is_file() and p.name not in (*skip, CHECKSUMS) and not p.name.endswith(".tmp")
     }
-    tmp = path / f".{CHECKSUMS}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"algorithm": "sha256", "files": files}, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path / CHECKSUMS)
-    for durable in (path / CHECKSUMS, path):  # the file under its name, and the rename, before the marker
-        fd = os.open(durable, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    # the file under its name, and the rename, durable before the marker (safe_files fsyncs both)
+    safe_files.write_text(path / CHECKSUMS, json.dumps({"algorithm": "sha256", "files": files}, indent=1))
     return CHECKSUMS
 
 

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from eigtrain import safe_files
+
 LOCK_NAME = ".eigtrain-lock"
 
 
@@ -34,7 +36,7 @@ class RunLock:
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / LOCK_NAME
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd: int | None = safe_files.open_descriptor(self.path, os.O_RDWR)  # a planted link: refused
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from eigtrain import safe_files
+
 RUN_MARK = ".eigtrain-run"
 # What eigtrain itself puts into a run directory (trainer, launcher, eigtrain-rr/-eval defaults).
 RUN_ENTRIES = frozenset(
@@ -50,7 +52,9 @@ def foreign_entries(directory: str | os.PathLike, own: Iterable[str]) -> list[st
     if not directory.is_dir():
         return []
     own = set(own)
-    return sorted(p.name for p in directory.iterdir() if p.name not in own)
+    return sorted(
+        p.name for p in directory.iterdir() if p.name not in own and safe_files.temporary_of(p.name) not in own
+    )
 
 
 def _listing(names: list[str]) -> str:
@@ -75,7 +79,8 @@ def claim_run_dir(run_dir: str | os.PathLike, launcher_folder: str | None = None
     line saying why not (a directory holding what eigtrain did not write is left as it is). `launcher_folder`: the
     Slurm launcher's log folder, written before the job starts (eigtrain's too when it lies in `run_dir`)."""
     run_dir = Path(run_dir)
-    if (run_dir / RUN_MARK).is_file():
+    mark = run_dir / RUN_MARK
+    if mark.is_file() and not mark.is_symlink():  # a link is no mark: whoever planted it is not eigtrain
         return ""
     own = set(RUN_ENTRIES)
     if launcher_folder and Path(launcher_folder).parent.resolve() == run_dir.resolve():
@@ -85,5 +90,5 @@ def claim_run_dir(run_dir: str | os.PathLike, launcher_folder: str | None = None
     except OutputDirError as refusal:
         return str(refusal)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / RUN_MARK).write_text("an eigtrain run directory: eigtrain writes, resumes and prunes here\n")
+    safe_files.write_text(run_dir / RUN_MARK, "an eigtrain run directory: eigtrain writes, resumes and prunes here\n")
     return ""

@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from eigtrain import safe_files
 from eigtrain.synthetic.config import OBJECTIVES, parse_run_args
 from eigtrain.synthetic.grid import parse_grid_args, run_grid
 from eigtrain.synthetic.kernels import KERNELS
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if cfg.out:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.out).write_text(json.dumps(result, indent=1))
+        safe_files.write_text(cfg.out, json.dumps(result, indent=1))
     print(json.dumps(summary(result), indent=1))
     return 0
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eigtrain import safe_files
 from eigtrain.cli import compose_dataclass
 from eigtrain.synthetic.config import PRESETS, SyntheticConfig, parse_run_args, stored_with_defaults
 from eigtrain.synthetic.kernels import KERNELS
@@ -197,8 +198,6 @@ def run_grid(grid: Grid) -> list[Path]:
                     **{k: stored["config"][k] for k in NOT_RESULT_KEYS if k in stored["config"]},
                 }
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(cell))
-            tmp.replace(path)  # a cell file is complete or absent
+            safe_files.write_text(path, json.dumps(cell))  # a cell file is complete or absent
             written.append(path)
     return written

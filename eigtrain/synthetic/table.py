@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eigtrain import safe_files
 from eigtrain.cli import compose_dataclass
 from eigtrain.synthetic.config import stored_with_defaults
 from eigtrain.synthetic.paper import METHODS, PAPER_STEPS, PAPER_TABLE, superseded
@@ -256,7 +257,7 @@ def plot(cells: dict, path: Path, rank: int = 8) -> bool:
         axes[row, 0].legend(fontsize=5)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=60)
+    safe_files.write_with(path, lambda tmp: fig.savefig(tmp, dpi=60, format="png"))
     plt.close(fig)
     return True
 
@@ -311,5 +312,5 @@ def make_table(table: TableConfig) -> str:
     )
     if table.out:
         Path(table.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(table.out).write_text(text)
+        safe_files.write_text(table.out, text)
     return text

@@ -18,6 +18,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
+from eigtrain import safe_files
 from eigtrain.redact import redact_config, redacted_argv
 from eigtrain.runs.checkpoint import MODEL_INFO_NAME
 from eigtrain.schema import WandbConfig
@@ -40,10 +41,18 @@ def _plain(v: Any) -> Any:
 def truncate_metrics(path: Path, last_step: int) -> None:
     """Drop lines logged after ``last_step`` (by a run that died after its last checkpoint), so the
     file reads as one uninterrupted run after a resume."""
+    safe_files.refuse_link(path)  # it is rewritten below, and appended to after
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    kept = [line for line in path.read_text().splitlines() if line.strip() and _logged_step(path, line) <= last_step]
+    safe_files.write_text(path, "".join(line + "\n" for line in kept))
+
+
+def _logged_step(path: Path, line: str) -> int:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{path} holds a line that is not a logged step ({line[:60]!r}): not eigtrain's log") from None
 
 
 def _import_wandb(mode: str, path: Path):
@@ -74,7 +83,7 @@ class MetricsLog:
     ):
         self.path = Path(run_dir) / "metrics.jsonl"
         truncate_metrics(self.path, resume_step)
-        self._file = open(self.path, "a")
+        self._file = safe_files.open_append(self.path)
         self._wandb = None
         mode = wandb_cfg.mode
         if mode not in WANDB_MODES:
@@ -248,16 +257,16 @@ def stable_run_id(run_dir: Path, from_checkpoint: str | None) -> str:
     """The wandb run id: the checkpoint's, else the one this run dir already has, else a new one."""
     id_file = Path(run_dir) / "wandb_id"
     run_id = from_checkpoint or (id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8])
-    id_file.write_text(run_id)
+    safe_files.write_text(id_file, run_id)
     return run_id
 
 
 def write_run_records(run_dir: Path, config_yaml: str, model_info: Mapping[str, Any], repo_dir: Path) -> None:
     """config.yaml (resolved), model.json (what the encoder was built for), environment.json."""
     run_dir = Path(run_dir)
-    (run_dir / "config.yaml").write_text(config_yaml)
-    (run_dir / MODEL_INFO_NAME).write_text(json.dumps(dict(model_info)))
-    (run_dir / "environment.json").write_text(json.dumps(run_environment(repo_dir), indent=1))
+    safe_files.write_text(run_dir / "config.yaml", config_yaml)
+    safe_files.write_text(run_dir / MODEL_INFO_NAME, json.dumps(dict(model_info)))
+    safe_files.write_text(run_dir / "environment.json", json.dumps(run_environment(repo_dir), indent=1))
 
 
 _LIBRARIES = ("torch", "torchvision", "timm", "kornia", "deepspeed", "webdataset", "hydra-core", "numpy", "wandb")
