@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eigtrain import safe_files
+
 MASK = "REDACTED"
 
 # scheme://userinfo@ : userinfo runs to the last '@' before the host's end (a password may hold '@'; '/' ends it)
@@ -29,7 +31,9 @@ _WORD = re.compile(r"[^\s'\"]+")
 # pipe: commands: a credential is found by its NAME, not by the tool that takes it. A name is auth-like when it holds
 # one of these words (a header `PRIVATE-TOKEN:`, an option `--oauth2-bearer`, an assignment `refresh_token=`)
 _AUTH = r"(?:token|auth|key|secret|passw(?:or)?d|pass|credential|bearer|session|cookie|signature|sig|private)"
-_NAME = r"[A-Za-z0-9_.-]*" + _AUTH + r"[A-Za-z0-9_.-]*"
+# short words that are auth-like only as a whole part of a name (`--pat`, `X-JFrog-Art-Api:`; not `--path`, `--rapid`)
+_AUTH_PART = r"(?:[A-Za-z0-9_.-]*[-_.])?(?:pat|api|pw|pwd|sas|jwt)(?![A-Za-z0-9_.-])"  # the name's last part
+_NAME = r"(?:[A-Za-z0-9_.-]*" + _AUTH + r"[A-Za-z0-9_.-]*|" + _AUTH_PART + ")"
 _VALUE = r"(?:'[^']*'|\"[^\"]*\"|[^\s'\"]+)"
 # `Name: value` (a header; `Credentials:...` of `gsutil -o`): inside quotes up to the quote's end, else one word
 _HEADER = re.compile(r"(?P<pre>^|[\s'\"=])(?P<name>" + _NAME + r"\s*:\s*)(?!//)(?P<rest>[^'\"\n]+)", re.IGNORECASE)
@@ -42,6 +46,14 @@ _OPTION = re.compile(
     r"(?!-|[^\s'\"]*://|" + MASK + r")(?P<value>" + _VALUE + r")",
     re.IGNORECASE,
 )
+# a password option by its shape: `-pVALUE` attached (7z, mysql, unrar), `-p VALUE` / `-P VALUE` (sshpass, unzip), but
+# not a path or a file name (unzip -p a.zip), a number (ssh -p 22) or another option (mkdir -p -v)
+_SHORT_PASSWORD = re.compile(
+    r"(?<!\S)(?P<name>-[pP](?:\s+)?)(?!-|[^\s'\"]*[/~]|[\w-]+\.[A-Za-z0-9]{1,5}(?:\s|$)|\d+(?:\s|$)|" + MASK + r")"
+    r"(?P<value>" + _VALUE + r")"
+)
+# `$NAME` / `${NAME}`: the shell expands it when the job runs; a reference, not a credential (it stays as written)
+_SHELL_REFERENCE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
 _remembered: set[str] = set()  # values masked in this process: masked wherever they appear again (error messages)
 _MIN_REMEMBERED = 6
 
@@ -59,6 +71,7 @@ def redact_url(text: str) -> str:
         out = _HEADER.sub(_mask_header, out)
         out = _ASSIGNMENT.sub(lambda m: _mask(m, m[0][len(m["name"]) :]), out)
         out = _OPTION.sub(lambda m: _mask(m, m["value"]), out)
+        out = _SHORT_PASSWORD.sub(lambda m: _mask(m, m["value"]), out)
     for secret in tuple(_remembered):  # a copy: another thread (a log filter) may add one meanwhile
         out = out.replace(secret, MASK)
     return out
@@ -67,6 +80,8 @@ def redact_url(text: str) -> str:
 def _mask(match: re.Match, value: str) -> str:
     """The match with its value masked (a quoted value keeps its quotes); the value remembered."""
     bare = value.strip().strip("'\"")
+    if bare and _SHELL_REFERENCE.fullmatch(bare.split()[-1]):  # `Bearer $TOKEN`: expanded in the job, never written
+        return f"{match['name']}{value}"
     # the value, and the secret inside it: `Bearer T` -> T, `user:password` -> password
     for part in {bare, bare.split()[-1] if bare.split() else "", bare.rpartition(":")[2]}:
         if len(part) >= _MIN_REMEMBERED and MASK not in part:
@@ -103,6 +118,24 @@ def redact_config(cfg: Any) -> Any:
     if isinstance(cfg, (list, tuple)):
         return type(cfg)(redact_config(v) for v in cfg)
     return redact_url(cfg) if isinstance(cfg, str) else cfg
+
+
+def literal_credentials(cfg: Any, key: str = "") -> list[str]:
+    """The dotted keys of `cfg` (a config node, dict, list, dataclass or value) whose text holds a credential, i.e.
+    what `redact_config` would mask. A reference the shell expands in the job (`$TOKEN`) is none."""
+    import dataclasses
+
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(cfg, (DictConfig, ListConfig)):
+        cfg = OmegaConf.to_container(cfg, resolve=False)
+    elif dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        cfg = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, dict):
+        return [k for name, v in cfg.items() for k in literal_credentials(v, f"{key}.{name}" if key else str(name))]
+    if isinstance(cfg, (list, tuple)):
+        return [k for i, v in enumerate(cfg) for k in literal_credentials(v, f"{key}[{i}]")]
+    return [key or "value"] if isinstance(cfg, str) and redact_url(cfg) != cfg else []
 
 
 def is_redacted(text: Any) -> bool:
@@ -161,6 +194,4 @@ def redact_yaml_file(path: str | os.PathLike) -> None:
     saved = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     redacted = redact_config(saved)
     if redacted != saved:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(redacted)))
-        os.replace(tmp, path)
+        safe_files.write_text(path, OmegaConf.to_yaml(OmegaConf.create(redacted)))

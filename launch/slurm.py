@@ -30,6 +30,7 @@ from eigtrain.launch.slurm_report import JobFailedError, failed_tasks, failure_r
 from submitit.core.job_environment import JobEnvironment
 
 from eigtrain import dist
+from eigtrain.redact import literal_credentials
 from eigtrain.schema import SlurmLauncherConfig, typed
 
 # Every key and its default: eigtrain.schema.SlurmLauncherConfig (docs/configuration.md).
@@ -209,15 +210,33 @@ def _only_in_this_process(signum: int) -> None:
     signal.signal(signum, guarded)
 
 
+def refuse_literal_credentials(args: tuple, kwargs: Mapping) -> None:
+    """ValueError (one line) when a submitted argument holds a credential as text (a `pipe:` command's token):
+    submitit would pickle it to disk. A reference the job's shell expands (`$TOKEN`, exported before submitting:
+    Slurm passes the environment on) reaches the job without being written."""
+    found = [key for value in (*args, *kwargs.values()) for key in literal_credentials(value)]
+    if found:
+        raise ValueError(
+            f"{found[0]} holds a credential as text, and launcher=slurm would write it to disk (submitit pickles the "
+            f'config): export it as an environment variable and write $NAME in its place (e.g. -H "Authorization: '
+            f"Bearer $TOKEN\"); the job's shell expands it"
+        )
+
+
 def submit(
     cfg: Mapping | SlurmLauncherConfig, fn: Callable, *args, loader_workers: int | None = None, **kwargs
 ) -> submitit.Job:
     """Submit `fn(*args, **kwargs)` as one Slurm job; print its id and logs; wait if `cfg.wait`. `loader_workers`:
     the job's data.num_workers, which sizes cpus_per_task where it is null (`task_cpus`)."""
+    refuse_literal_credentials(args, kwargs)  # before anything is written or submitted
     c = task_cpus(_config(cfg), loader_workers)
     executor = make_executor(c)
     check_fits(c)  # a request no node of the partition can hold would stay PENDING for ever
-    job = executor.submit(RequeueableCall(fn, c.max_requeues, c.save_on_signal), *args, **kwargs)
+    saved_umask = os.umask(0o077)  # submitit pickles the call and its arguments into launcher.folder: owner only
+    try:
+        job = executor.submit(RequeueableCall(fn, c.max_requeues, c.save_on_signal), *args, **kwargs)
+    finally:
+        os.umask(saved_umask)
     print(
         f"submitted Slurm job {job.job_id} ({c.nodes} node(s) x {c.tasks_per_node} task(s))\n"
         f"  stdout: {job.paths.stdout}\n  stderr: {job.paths.stderr}\n  folder: {job.paths.folder}",

@@ -38,6 +38,12 @@ def _build(spec: str, checkpoint: str | None, kwargs: dict | None, in_chans: int
     if kind == "timm" and target:
         import timm
 
+        from eigtrain.models.backbones import refuse_hub_name
+
+        try:
+            refuse_hub_name(target)  # eigtrain never downloads: not even a hub model's configuration
+        except ValueError as error:
+            raise EncoderSpecError(f"encoder={spec}: {str(error).partition(': ')[2]}") from None
         try:
             model = timm.create_model(target, pretrained=False, num_classes=0, **{"in_chans": in_chans, **kwargs})
         except (RuntimeError, TypeError) as error:  # timm's "Unknown model (...)", or kwargs the model does not take

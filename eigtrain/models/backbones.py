@@ -111,11 +111,25 @@ def build_backbone(config: ModelConfig, input_shape: Sequence[int]) -> nn.Module
     return resnet
 
 
+def refuse_hub_name(name: str) -> None:
+    """ValueError (one line) for a timm name that points at a model hub or a place (``hf-hub:org/model``,
+    ``local-dir:…``): timm would fetch its configuration over the network although no weights are asked for, and
+    eigtrain never downloads. Architectures are timm's own names; weights come from model.pretrained."""
+    scheme, colon, _ = name.partition(":")
+    if colon:
+        raise ValueError(
+            f"model.backbone=timm:{name} names a model by its location ({scheme}:), which timm fetches over the "
+            f"network: eigtrain never downloads; use timm's architecture name (timm:resnet50) and give the weights "
+            f"as a local file with model.pretrained=PATH"
+        )
+
+
 def check_timm_backbone(backbone: str) -> None:
     """ValueError (one line) when model.backbone=timm:NAME names no timm model; before any work."""
     import timm  # noqa: PLC0415
 
     name = backbone.removeprefix(TIMM_PREFIX)
+    refuse_hub_name(name)
     if not timm.is_model(name.split(".")[0]):
         raise ValueError(f"model.backbone={backbone}: timm has no model {name!r} (timm.list_models() lists them)")
 
@@ -123,6 +137,7 @@ def check_timm_backbone(backbone: str) -> None:
 def _timm_backbone(name: str, cfg: ModelConfig, input_shape: Sequence[int]) -> nn.Module:
     """Any timm model as the backbone (pooled features: num_classes=0), built without weights (model.pretrained
     loads them: eigtrain.models.pretrained). A ViT (timm name vit_*) is built for the data's image size."""
+    refuse_hub_name(name)  # every timm model eigtrain builds passes here: a saved config's name too
     import timm  # noqa: PLC0415
 
     if len(input_shape) != 3:

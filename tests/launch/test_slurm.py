@@ -502,5 +502,30 @@ def test_eigtrain_train_on_slurm_runs_the_jobs_converted_config_with_a_cpu_per_l
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "run" / "model.safetensors").is_file()
+    pickles = list((tmp_path / "run" / "slurm").glob("*.pkl"))  # the submitted call and config: the owner's only
+    assert pickles and all(p.stat().st_mode & 0o077 == 0 for p in pickles), [oct(p.stat().st_mode) for p in pickles]
     submission = next((tmp_path / "run" / "slurm").glob("*_submission.sh")).read_text()
     assert "#SBATCH --cpus-per-task=2" in submission
+
+
+@pytest.mark.parametrize(
+    "shards",
+    [
+        "pipe:curl -s -H 'Authorization: Bearer tok_live_0123456789' https://h/x-{0..1}.tar",
+        "pipe:sshpass -p Hunter2Hunter2 scp me@h:/x.tar /dev/stdout",  # by shape
+        "https://me:pw0123456@h/x-{0..1}.tar",
+    ],
+)
+def test_a_literal_credential_is_never_submitted_to_slurm(tmp_path, shards):
+    """submitit pickles the submitted config to disk: a credential written out in it is refused before anything is
+    written or submitted (no cluster needed to refuse); a $NAME the job's shell expands is the documented way."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"data": {"shards": shards}})
+    with pytest.raises(ValueError, match=r"^data\.shards holds a credential as text") as refused:
+        submit(launcher(tmp_path / "slurm"), print, cfg)
+    assert "\n" not in str(refused.value) and "Hunter2" not in str(refused.value) and not (tmp_path / "slurm").exists()
+    from eigtrain.redact import literal_credentials
+
+    reference = OmegaConf.create({"data": {"shards": "pipe:curl -s -H 'Authorization: Bearer $TOKEN' https://h/x.tar"}})
+    assert literal_credentials(reference) == []

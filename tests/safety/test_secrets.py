@@ -261,6 +261,15 @@ def test_eigtrain_rr_errors_carry_no_credential(corrupt_signed_shards, tmp_path,
         f"pipe:AWS_SESSION_TOKEN={TOKEN} aws s3 cp s3://b/x.tar -",
         f"pipe:mytool --api-key {TOKEN} --sig={TOKEN} get /x.tar",
         f"pipe:curl 'https://h/x.tar?access_key={TOKEN}&private=1'",
+        # by shape where the name says nothing (issue 51 §5), and forms no test named before
+        f"pipe:sshpass -p {TOKEN} scp me@h:/x.tar /dev/stdout",
+        f"pipe:7z x -so -p{TOKEN} /d/x.tar",
+        f"pipe:mysql -u me -p{TOKEN} -e 'select' /d/x.tar",
+        f"pipe:unzip -P {TOKEN} -p a.zip /d/x.tar",
+        f'pipe:curl -s -H "X-JFrog-Art-Api: {TOKEN}" https://h/x.tar',
+        f"pipe:ghtool --pat={TOKEN} get /x.tar",
+        f"pipe:tool --gh_pat {TOKEN} --db-pwd={TOKEN} get /x.tar",
+        f"pipe:azcopy cp --sas={TOKEN} https://h/x.tar",
     ],
 )
 def test_credentials_in_a_pipe_command_are_found_by_their_name_whatever_the_tool(command):
@@ -276,6 +285,14 @@ def test_credentials_in_a_pipe_command_are_found_by_their_name_whatever_the_tool
         "pipe:curl --anyauth https://auth-server:8080/x.tar",  # a flag: the URL after it is no value
         "pipe:aws s3 cp s3://my-keys-bucket/x.tar -",
         "pipe:cat /data/tokens/x.tar",
+        "pipe:ssh -p 22 host cat /data/x.tar",  # -p with a number, a path or a file name: no password's shape
+        "pipe:mkdir -p /tmp/x && cat /data/x.tar",
+        "pipe:unzip -p /data/a.zip x.tar",
+        "pipe:tool --path=/data/pat/x.tar --rapid=1 --api-version=2",  # pat, api: auth-like only as a name's last part
+        # a reference the shell expands when the job runs: no credential is in the text, so nothing is masked
+        'pipe:curl -H "Authorization: Bearer $TOKEN" https://h/x.tar',
+        "pipe:curl --oauth2-bearer ${GITLAB_TOKEN} https://h/x.tar",
+        "pipe:AWS_SECRET_ACCESS_KEY=$MY_SECRET aws s3 cp s3://b/x.tar -",
     ],
 )
 def test_a_pipe_command_without_credentials_is_unchanged(command):
