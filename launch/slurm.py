@@ -230,10 +230,10 @@ def submit(
     the job's data.num_workers, which sizes cpus_per_task where it is null (`task_cpus`)."""
     refuse_literal_credentials(args, kwargs)  # before anything is written or submitted
     c = task_cpus(_config(cfg), loader_workers)
-    executor = make_executor(c)
     check_fits(c)  # a request no node of the partition can hold would stay PENDING for ever
     saved_umask = os.umask(0o077)  # submitit pickles the call and its arguments into launcher.folder: owner only
-    try:
+    try:  # (and reads its results back from there: a folder it creates is the owner's only too)
+        executor = make_executor(c)
         job = executor.submit(RequeueableCall(fn, c.max_requeues, c.save_on_signal), *args, **kwargs)
     finally:
         os.umask(saved_umask)

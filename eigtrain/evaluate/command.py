@@ -73,11 +73,14 @@ def _load_features(path: str):
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"features file {path} does not exist")
-    with np.load(path) as data:
-        missing = [k for k in ("train_z", "train_y", "test_z", "test_y") if k not in data]
-        if missing:
-            raise ValueError(f"{path} lacks array(s) {missing}")
-        return tuple(torch.from_numpy(data[k]) for k in ("train_z", "train_y", "test_z", "test_y"))
+    try:
+        with np.load(path, allow_pickle=False) as data:  # numbers only: an object array is a pickle, never loaded
+            missing = [k for k in ("train_z", "train_y", "test_z", "test_y") if k not in data]
+            if missing:
+                raise ValueError(f"{path} lacks array(s) {missing}")
+            return tuple(torch.from_numpy(data[k]) for k in ("train_z", "train_y", "test_z", "test_y"))
+    except (ValueError, OSError, EOFError) as error:
+        raise ValueError(str(error) if str(path) in str(error) else f"cannot read {path}: {error}") from None
 
 
 def evaluate(cfg) -> tuple[dict, dict]:

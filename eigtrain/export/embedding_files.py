@@ -63,8 +63,22 @@ def _open_safetensors(path: Path) -> PairChunk:
     return PairChunk(path.name, *(_SafetensorsRows(handle, k) for k in PAIR_KEYS))
 
 
+def _numeric(path: Path, load):
+    """`load()` of a numpy file, or one line naming it: object arrays are pickles and never loaded."""
+    try:
+        return load()
+    except EmbeddingFileError:
+        raise
+    except (ValueError, OSError, EOFError) as error:
+        raise EmbeddingFileError(f"cannot read {path}: {error}") from None
+
+
 def _open_npz(path: Path) -> PairChunk:
-    with np.load(path) as data:
+    return _numeric(path, lambda: _read_npz(path))
+
+
+def _read_npz(path: Path) -> PairChunk:
+    with np.load(path, allow_pickle=False) as data:
         missing = [k for k in PAIR_KEYS if k not in data]
         if missing:
             raise EmbeddingFileError(f"{path} lacks array(s) {missing}; expected z1, z2 of shape N x d")
@@ -76,7 +90,10 @@ def _open_npy_pair(first: Path) -> PairChunk:
     if not second.exists():
         raise EmbeddingFileError(f"{first} has no partner {second.name} (chunks of .npy come in z1/z2 pairs)")
     # copy-on-write: the blocks are writable numpy views (torch takes them as they are) and the files never change
-    return PairChunk(first.name, np.load(first, mmap_mode="c"), np.load(second, mmap_mode="c"))
+    first_rows, second_rows = (
+        _numeric(p, lambda p=p: np.load(p, mmap_mode="c", allow_pickle=False)) for p in (first, second)
+    )
+    return PairChunk(first.name, first_rows, second_rows)
 
 
 def open_chunks(path: str) -> list[PairChunk]:

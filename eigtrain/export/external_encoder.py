@@ -88,7 +88,7 @@ def _load_weights(model: nn.Module, path: str, spec: str, droppable: tuple[str, 
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"encoder.checkpoint={path} does not exist")
-    state = load_state_dict(path, use_ema=False)
+    state = load_state_dict(path, use_ema=False, weights_only=True)  # never unpickles code
     state = {k: v for k, v in state.items() if not k.startswith(droppable)}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
