@@ -203,13 +203,15 @@ def _dims_report(
     features: int,
     rank: int,
     readout: tuple | None = None,
+    dead: torch.Tensor | None = None,
 ) -> dict:
     """How the d coordinates were spent: dead (no variance over the data when the constant is excluded, no second
     moment otherwise), constant (1 when live coordinates span the excluded constant), dependent (the rest of
     the rank deficit of the unregularized Gram: `rank` is its numerical rank), features (ordered features exported).
     readout: `constant_readout` over every coordinate, already computed (reused when no coordinate is dead)."""
     diag = torch.diagonal(gram)
-    dead = diag <= rtol * diag.max().clamp_min(torch.finfo(F64).tiny)
+    if dead is None:  # (the svd mode's sides, and the paper's modes, which are basis-dependent by design)
+        dead = diag <= rtol * diag.max().clamp_min(torch.finfo(F64).tiny)
     if exclude and not dead.all():
         residual = (
             readout[1] if readout is not None and not dead.any() else constant_readout(raw_gram, mean, rtol, ~dead)[1]
@@ -285,6 +287,13 @@ def solve(
     pooled = (acc.mean_f + acc.mean_g) / 2  # one encoder: both views share one mean
     mf = pooled if center else torch.zeros_like(pooled)
     raw = acc.view_moments(False)[0] if center else gram  # the raw Gram over both views
+    dead = None
+    if mode == "generalized":  # basis-free: solved on unit-variance coordinates, so no cut depends on their scales
+        dead, scale = _equilibrator(gram, raw, rtol)
+        gram, cross, raw = (scale[:, None] * m * scale[None, :] for m in (gram, cross, raw))
+        pooled_scaled = pooled * scale
+    else:
+        scale, pooled_scaled = None, pooled
     whitener = _cholesky_whitener(gram, ridge, rtol, acc.n) if mode == "generalized" else None
     if whitener is None:
         evals, evecs = _range(gram, ridge, rtol, "the embedding", acc.n)
@@ -302,11 +311,27 @@ def solve(
         transform = evecs @ y
     else:  # paper-lora, Algorithm F.3: LoRA features are Q sqrt(Sigma) psi*, so the Gram's spectrum
         values, transform = evals, evecs * evals.rsqrt()  # the ridge enters Sigma^{-1/2} as in the other modes
+    full_rank = ridge == 0 and len(evals) == len(gram) and (dead is None or not dead.any())
+    readout = constant_readout(raw, pooled_scaled, rtol, full_rank=full_rank) if exclude else None
+    rank = _rank(gram, ridge, rtol, evals)
+    dims = _dims_report(gram, raw, pooled_scaled, exclude, rtol, transform.shape[1], rank, readout, dead)
+    if scale is not None:  # back to the embedding's own coordinates
+        transform = scale[:, None] * transform
+        readout = None if readout is None else (scale * readout[0], readout[1])
     fix_signs(transform)
     result = RRResult(values, transform, mf, mode, acc.n, extra=extra)
-    readout = constant_readout(raw, pooled, rtol, full_rank=ridge == 0 and len(evals) == len(gram)) if exclude else None
-    rank = _rank(gram, ridge, rtol, evals)
-    result.dims = _dims_report(gram, raw, pooled, exclude, rtol, transform.shape[1], rank, readout)
+    result.dims = dims
     if readout is not None:  # the constant excluded: its read-out
         result.trivial = {"eigenvalue": 1.0, "transform": readout[0], "residual": readout[1]}
     return result
+
+
+def _equilibrator(gram: torch.Tensor, raw: torch.Tensor, rtol: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dead, scale): the coordinates with no variation of their own (variance at most rtol times their own second
+    moment: a rule no rescaling of a coordinate changes), and 1 / standard deviation of the others (0 for the
+    dead). Jacobi equilibration: the solve then sees every live coordinate at unit variance, so its range cut acts
+    on the span's conditioning, not on the coordinates' scales (x1e6 on one coordinate moves nothing)."""
+    diag, second = torch.diagonal(gram), torch.diagonal(raw)
+    dead = ~(diag > rtol * second) | ~(diag > torch.finfo(F64).tiny)
+    scale = torch.where(dead, 0.0, diag.clamp_min(torch.finfo(F64).tiny).rsqrt())
+    return dead, scale
