@@ -71,8 +71,9 @@ def requeue_requested() -> bool:
 
 
 @contextlib.contextmanager
-def stop_at_step_boundary(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
-    """Outside Slurm (the local launcher, torchrun): for the duration, `signals` stop the trainer at the next step
+def stop_at_step_boundary(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)):
+    """Outside Slurm (the local launcher, torchrun): for the duration, `signals` (SIGHUP: the terminal closed) stop
+    the trainer at the next step
     boundary, where it saves, as under Slurm; the same signal a second time ends the process at once (an impatient
     Ctrl-C). The process's own handlers are back afterwards. Only the main thread can install handlers: elsewhere
     (a test runner's thread) nothing changes."""

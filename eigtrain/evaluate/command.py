@@ -69,18 +69,63 @@ class EvalConfig:
 
 
 def _load_features(path: str):
+    """(train_z, train_y, test_z, test_y) from an .npz, checked before any work: 2-D real features of one width,
+    one integer label per row, none negative; labels are renumbered 0..C-1 (only their equality counts), so a
+    label of 10**12 is one class, not 10**12 of them."""
     import numpy as np
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"features file {path} does not exist")
     try:
-        with np.load(path, allow_pickle=False) as data:  # numbers only: an object array is a pickle, never loaded
-            missing = [k for k in ("train_z", "train_y", "test_z", "test_y") if k not in data]
+        data = np.load(path, allow_pickle=False)  # numbers only: an object array is a pickle, never loaded
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError(f"{path} is one array, not an .npz archive of train_z, train_y, test_z, test_y")
+        with data:
+            missing = [k for k in FEATURE_ARRAYS if k not in data]
             if missing:
                 raise ValueError(f"{path} lacks array(s) {missing}")
-            return tuple(torch.from_numpy(data[k]) for k in ("train_z", "train_y", "test_z", "test_y"))
+            arrays = {k: data[k] for k in FEATURE_ARRAYS}
     except (ValueError, OSError, EOFError) as error:
         raise ValueError(str(error) if str(path) in str(error) else f"cannot read {path}: {error}") from None
+    _check_features(path, arrays)
+    labels = np.unique(np.concatenate([arrays["train_y"], arrays["test_y"]]), return_inverse=True)[1]
+    n = len(arrays["train_y"])
+    z = lambda k: torch.from_numpy(arrays[k].astype(np.float32, copy=False))  # noqa: E731
+    return z("train_z"), torch.from_numpy(labels[:n]), z("test_z"), torch.from_numpy(labels[n:])
+
+
+FEATURE_ARRAYS = ("train_z", "train_y", "test_z", "test_y")
+
+
+def _check_features(path: str, arrays: dict) -> None:
+    """One line naming the file and the array for what the evaluation could not use."""
+    import numpy as np
+
+    for split in ("train", "test"):
+        z, y = arrays[f"{split}_z"], arrays[f"{split}_y"]
+        if z.ndim != 2 or not (np.issubdtype(z.dtype, np.floating) or np.issubdtype(z.dtype, np.integer)):
+            raise ValueError(
+                f"{path}: {split}_z must be a 2-D array of real numbers (rows x d), got {z.dtype} {z.shape}"
+            )
+        if not np.isfinite(z).all():
+            raise ValueError(f"{path}: {split}_z holds NaN or infinite values")
+        if y.ndim != 1 or len(y) != len(z):
+            raise ValueError(
+                f"{path}: {split}_y must hold one label per row of {split}_z ({len(z)}), got shape {y.shape}"
+            )
+        integral = np.issubdtype(y.dtype, np.integer) or (
+            np.issubdtype(y.dtype, np.floating) and np.isfinite(y).all() and (y == np.round(y)).all()
+        )
+        if not integral or (len(y) and y.min() < 0):
+            raise ValueError(f"{path}: {split}_y must hold class indices (integers >= 0), got {y.dtype} {y[:3]}...")
+    if arrays["train_z"].shape[1] != arrays["test_z"].shape[1]:
+        raise ValueError(
+            f"{path}: train_z and test_z have different widths {arrays['train_z'].shape[1]} and {arrays['test_z'].shape[1]}"
+        )
+    if len(arrays["train_z"]) < 2 or len(arrays["test_z"]) < 1:
+        raise ValueError(
+            f"{path}: too few rows to fit and score probes ({len(arrays['train_z'])} train, {len(arrays['test_z'])} test)"
+        )
 
 
 def evaluate(cfg) -> tuple[dict, dict]:
@@ -125,6 +170,9 @@ def evaluate(cfg) -> tuple[dict, dict]:
     splits = (cfg.train_split, cfg.test_split)
     fixed = {int(ff.cfg.dim): tuple(embed_split(ff, s, device=device)[0] for s in splits) for ff in ffs}
     dims = list(cfg.dims) if cfg.dims else dims_for(train_z.shape[1])
+    wrong = [k for k in dims if not 0 < k <= train_z.shape[1]]
+    if wrong:  # before any probe: a size the embedding does not have would be scored as d
+        raise ValueError(f"dims={dims}: {wrong[0]} is not a size of these {train_z.shape[1]}-dimensional features")
     backend = None if cfg.retrieval == "none" else retrieval.resolve_backend(cfg.retrieval)
     report = adaptive_dimension_table(
         train,

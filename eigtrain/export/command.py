@@ -32,7 +32,7 @@ from eigtrain.export.files import check_export_target, rr_manifest, save_export
 from eigtrain.export.moments import RRAccumulator
 from eigtrain.export.prefixes import cut_errors, cuts_report, order_ties, tie_groups, undetermined_cuts
 from eigtrain.export.raw_span import paper_convention
-from eigtrain.export.rayleigh_ritz import MODES, TRIVIAL, centered, solve
+from eigtrain.export.rayleigh_ritz import MODES, TRIVIAL, centered, default_rtol, solve
 from eigtrain.export.run_data import RunDataConfig
 from eigtrain.runs.checksums import file_sha256, files_sha256
 from eigtrain.runs.run_step import describe
@@ -79,7 +79,9 @@ class RRJobConfig:
     trivial: str = "exclude"  # exclude: the constant mode is exported apart, features follow it; keep: the paper's
     center: bool = False  # remove the constant (the features' means) without exporting it
     ridge: float = 0.0  # > 0: regularize the Gram (a departure from the exact solve; the exact spectrum rides along)
-    rank_rtol: float = 1e-10  # the numerical range: Gram eigenvalues above rank_rtol * the largest
+    rank_rtol: float | None = (
+        None  # the range cut: Gram eigenvalues above rank_rtol * the largest (null: from the input's dtype)
+    )
     folds: int = (
         8  # keep the moments of this many disjoint folds: which cuts the data determine (0: off; fewer at d > 4,096)
     )
@@ -116,7 +118,7 @@ class RRJobConfig:
             raise ValueError("ties=variance reorders the groups the folds find undetermined: it needs folds >= 2")
         if self.ridge < 0:
             raise ValueError(f"ridge={self.ridge} must be >= 0")
-        if not 0 < self.rank_rtol < 1:
+        if self.rank_rtol is not None and not 0 < self.rank_rtol < 1:
             raise ValueError(f"rank_rtol={self.rank_rtol} must lie in (0, 1)")
         if (self.embeddings or self.encoder.name) and not self.out:
             raise ValueError(f"{given[0]}= needs out=DIR for the export")
@@ -173,9 +175,10 @@ def solve_both_conventions(acc: RRAccumulator, cfg: RRJobConfig):
     """The export's solve with the cuts the data determine (`with_cuts`); when it excludes the trivial mode, the
     paper's convention rides along (paper_*), treated the same way. With ridge > 0 the exact spectrum rides along
     too. extra: cuts (rr_prefixes.cuts_report), ties (the groups, when ties=variance reordered them)."""
-    kwargs: dict[str, Any] = dict(center=cfg.center, ridge=cfg.ridge, rtol=cfg.rank_rtol)
+    rtol = default_rtol(acc, cfg.mode) if cfg.rank_rtol is None else cfg.rank_rtol
+    kwargs: dict[str, Any] = dict(center=cfg.center, ridge=cfg.ridge, rtol=rtol)
     main = solve(acc, cfg.mode, trivial=cfg.trivial, **kwargs)
-    paper = paper_convention(main, acc, cfg.center, cfg.ridge, cfg.rank_rtol)  # from main's solve: no second eigh
+    paper = paper_convention(main, acc, cfg.center, cfg.ridge, rtol)  # from main's solve: no second eigh
     result = with_cuts(main, acc, cfg, cfg.trivial)
     if cfg.ridge > 0:  # a regularized solve never stands alone: the sample moments' own spectrum beside it
         exact = solve(acc, cfg.mode, trivial=cfg.trivial, **{**kwargs, "ridge": 0.0})

@@ -49,6 +49,7 @@ class RRAccumulator:
         if not pairs and self.dim_right != dim:
             raise ValueError("one encoder on two views needs equal dimensions")
         self.device = device
+        self.input_eps = 0.0  # the machine epsilon of the least precise values seen: the solve's default tolerance
         self._reset()
         # folds: the statistics of `folds` disjoint parts of the rows (rr_prefixes.cut_errors, one encoder only);
         # every update then says each row's fold, by something that does not depend on the ranks. Rows go into
@@ -137,6 +138,8 @@ class RRAccumulator:
             raise ValueError(f"z1 and z2 must pair up row by row, got {len(z1)} and {len(z2)} rows")
         if len(z1) == 0:
             return
+        for z in (z1, z2):
+            self.input_eps = max(self.input_eps, torch.finfo(z.dtype if z.is_floating_point() else F64).eps)
         if self._sums is not None:  # each row's products once, into its fold (which checks the values)
             if fold is None or len(fold) != len(z1):
                 raise ValueError("an accumulator that keeps folds needs each row's fold")
@@ -153,10 +156,12 @@ class RRAccumulator:
         if (other.dim, other.dim_right, other.pairs) != (self.dim, self.dim_right, self.pairs):
             raise ValueError("cannot merge accumulators of different shapes or modes")
         if self.folds is not None and other.folds is not None and len(self.folds) == len(other.folds):
+            self.input_eps = max(self.input_eps, other.input_eps)
             for mine, theirs in zip(self.folds, other.folds):
                 mine.merge(theirs)
             self._stale = True
             return
+        self.input_eps = max(self.input_eps, other.input_eps)
         dev = self.device
         self._merge(other.n, *(t.to(dev) for t in (other.mean_f, other.mean_g, other.c_ff, other.c_gg, other.c_fg)))
         self._folds = self._sums = None  # the other part's rows have no (matching) folds: they would not cover the data
@@ -191,6 +196,9 @@ class RRAccumulator:
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
             return
+        eps = torch.tensor([self.input_eps], dtype=F64, device=self.device)
+        dist.all_reduce(eps, op=dist.ReduceOp.MAX, group=group)  # every rank: the least precise input of any
+        self.input_eps = float(eps.item())
         if self.folds is not None:  # the whole is the merge of the reduced folds: nothing more to send
             for fold in self.folds:
                 fold.all_reduce(group)
@@ -211,10 +219,12 @@ class RRAccumulator:
         self.n, self.mean_f, self.mean_g = n, mean_f, mean_g
 
     def state_dict(self) -> dict:
-        return {"n": self.n, **{k: getattr(self, k).clone() for k in ("mean_f", "mean_g", "c_ff", "c_gg", "c_fg")}}
+        moments = {k: getattr(self, k).clone() for k in ("mean_f", "mean_g", "c_ff", "c_gg", "c_fg")}
+        return {"n": self.n, "input_eps": self.input_eps, **moments}
 
     def load_state_dict(self, state: dict) -> None:
         self.n = int(state["n"])
+        self.input_eps = float(state.get("input_eps", 0.0))
         for k in ("mean_f", "mean_g", "c_ff", "c_gg", "c_fg"):
             getattr(self, k).copy_(state[k])
 

@@ -263,10 +263,12 @@ def solve(
     mode: str = "generalized",
     center: bool = False,
     ridge: float = 0.0,
-    rtol: float = 1e-10,
+    rtol: float | None = None,
     trivial: str = "exclude",
 ) -> RRResult:
-    """Solve the Rayleigh-Ritz problem from accumulated moments (see the module docstring)."""
+    """Solve the Rayleigh-Ritz problem from accumulated moments (see the module docstring); rtol: the range cut
+    (None: `default_rtol`)."""
+    rtol = default_rtol(acc, mode) if rtol is None else rtol
     if mode not in MODES:
         raise ValueError(f"rr mode={mode!r} is unknown; allowed: {', '.join(MODES)}")
     if trivial not in TRIVIAL:
@@ -288,7 +290,7 @@ def solve(
     mf = pooled if center else torch.zeros_like(pooled)
     raw = acc.view_moments(False)[0] if center else gram  # the raw Gram over both views
     dead = None
-    if mode == "generalized":  # basis-free: solved on unit-variance coordinates, so no cut depends on their scales
+    if mode == "generalized" and ridge == 0:  # the exact solve on unit-variance coordinates: no cut depends on scales
         dead, scale = _equilibrator(gram, raw, rtol)
         gram, cross, raw = (scale[:, None] * m * scale[None, :] for m in (gram, cross, raw))
         pooled_scaled = pooled * scale
@@ -324,6 +326,19 @@ def solve(
     if readout is not None:  # the constant excluded: its read-out
         result.trivial = {"eigenvalue": 1.0, "transform": readout[0], "residual": readout[1]}
     return result
+
+
+LEGACY_RTOL = 1e-10  # the range cut of the basis-dependent modes (paper-*, svd): relative to the largest eigenvalue
+
+
+def default_rtol(acc: RRAccumulator, mode: str = "generalized") -> float:
+    """The generalized solve's range cut, from the precision of its input: a direction of the equilibrated Gram
+    whose standard deviation is within 4 machine epsilons of the input (float32: 4.8e-7) of the largest is the
+    input's rounding, not its signal; and none finer than the float64 Gram itself resolves (d * 2.2e-16). The
+    paper's modes and svd, which see the coordinates as they are, keep `LEGACY_RTOL`."""
+    if mode != "generalized" or acc.input_eps <= 0:
+        return LEGACY_RTOL
+    return max((4 * acc.input_eps) ** 2, acc.dim * torch.finfo(F64).eps)
 
 
 def _equilibrator(gram: torch.Tensor, raw: torch.Tensor, rtol: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,10 +1,11 @@
 """One writer per run directory, and readers that pruning cannot pull a checkpoint from under.
 
-Writer: the trainer (rank 0) holds an exclusive ``flock`` on ``run_dir/.eigtrain-lock`` for the whole run and writes
-its host, pid and start time into it. A second trainer is refused with one line naming the holder. A holder that
-dies (killed, node lost) needs no clean-up: the kernel releases a flock with the process's last descriptor, so the
-next trainer takes the lock and overwrites the stale holder line (on NFS, once the server expires the dead client's
-lease).
+Writer: the trainer (rank 0) holds an exclusive ``flock`` on the run directory itself for the whole run and writes
+its host, pid and start time into ``run_dir/.eigtrain-lock`` (which names the holder; deleting it frees nothing). A
+second trainer is refused with one line naming the holder (a holder on this host that has ended is never named as
+live). A holder that dies (killed, node lost) needs no clean-up: the kernel releases a flock with the last
+descriptor, and forked children (data-loader workers) close theirs at once, so a restart right after a SIGKILL takes
+the lock (on NFS, once the server expires the dead client's lease).
 
 Readers (eigtrain-rr, eigtrain-eval) hold a shared ``flock`` on the step directory's ownership file (or, for old
 checkpoints, its marker) while they read it; pruning deletes a step only under an exclusive, non-blocking lock of
@@ -32,28 +33,46 @@ class RunDirInUse(ValueError):
 
 
 class RunLock:
-    """The writer's lock on a run directory; `release` (or the process's end) frees it."""
+    """The writer's lock on a run directory; `release` (or the process's end) frees it.
+
+    The lock is a ``flock`` on the run directory itself (opened read-only), so deleting or replacing
+    ``.eigtrain-lock`` (which only names the holder) cannot let a second trainer in. A forked child (a data-loader
+    worker) closes its copy of the descriptor at once (`os.register_at_fork`): when the trainer is killed, the lock
+    goes with it, not with workers that outlive it for a while, and a restart takes it at once."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / LOCK_NAME
-        self._fd: int | None = safe_files.open_descriptor(self.path, os.O_RDWR)  # a planted link: refused
+        self._fd: int | None = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(self._fd, 4096).decode(errors="replace").strip()
             self.release()
             raise RunDirInUse(
-                f"{Path(run_dir)} is being written by another eigtrain-train ({_describe(holder)}): one writer per "
+                f"{Path(run_dir)} is being written by another eigtrain-train ({_describe(self.path)}): one writer per "
                 f"run directory; wait for it to end or choose another run_dir (a holder that died frees it by itself)"
             ) from None
+        _HELD.add(self._fd)
         held_by = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, (json.dumps(held_by) + "\n").encode(), 0)
+        safe_files.write_text(self.path, json.dumps(held_by) + "\n")  # a planted link is replaced, not followed
 
     def release(self) -> None:
         if self._fd is not None:
+            _HELD.discard(self._fd)
             os.close(self._fd)  # closing the last descriptor releases the flock
             self._fd = None
+
+
+_HELD: set[int] = set()  # this process's run-directory locks: a forked child closes its copies
+
+
+def _close_inherited_locks() -> None:
+    for fd in _HELD:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
 class WriterSlot:
@@ -78,12 +97,26 @@ class WriterSlot:
             self.lock.release()
 
 
-def _describe(holder: str) -> str:
+def _describe(path: Path) -> str:
+    """The holder named in `path`, if that file says; a holder on this host that has ended is not named as live."""
     try:
-        info = json.loads(holder)
-        return f"host {info['host']}, pid {info['pid']}, since {info['since']}"
-    except (ValueError, KeyError, TypeError):
+        info = json.loads(path.read_text(errors="replace"))
+        where = f"host {info['host']}, pid {info['pid']}, since {info['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
         return "holder unknown"
+    if info["host"] == socket.gethostname() and not _alive(int(info["pid"])):
+        return f"a process that started it has ended ({where}); another holds the lock"
+    return where
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 def _pin_file(step: Path) -> Path | None:

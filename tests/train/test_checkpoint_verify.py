@@ -3,10 +3,13 @@ run directory (the trainer's lock), readers pinning the step they read against p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
+import signal
 import socket
+import time
 
 import pytest
 import torch
@@ -119,6 +122,40 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_holder_frees_it
     lock = RunLock(tmp_path)  # the kernel released the dead holder's flock
     assert json.loads((tmp_path / ".eigtrain-lock").read_text())["pid"] == os.getpid()
     lock.release()
+
+
+def _hold_lock_and_fork(run_dir, ready, child_pid):
+    """Take the lock, then fork a child (as a data-loader worker is forked) that outlives this process a while."""
+    RunLock(run_dir)
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    child_pid.value = pid
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_restart_right_after_sigkill_takes_the_lock_though_forked_workers_live_on(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    ready, child = ctx.Event(), ctx.Value("i", 0)
+    holder = ctx.Process(target=_hold_lock_and_fork, args=(tmp_path, ready, child))
+    holder.start()
+    try:
+        assert ready.wait(60)
+        with pytest.raises(RunDirInUse):
+            RunLock(tmp_path)
+        (tmp_path / ".eigtrain-lock").unlink()  # deleting the holder's name does not free the directory
+        with pytest.raises(RunDirInUse, match="holder unknown"):
+            RunLock(tmp_path)
+        holder.kill()  # SIGKILL, as the OOM killer does; its forked child is still alive
+        holder.join()
+        os.kill(child.value, 0)  # (raises if the child had ended)
+        lock = RunLock(tmp_path)  # at once: the child closed its copy when it was forked
+        lock.release()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.value, signal.SIGKILL)
 
 
 def test_resume_lineage_refuses_a_changed_key_and_records_an_override(tmp_path):

@@ -1,4 +1,4 @@
-"""SIGTERM and SIGINT outside Slurm (docs/resume.md): a real trainer subprocess on digits saves at the next step
+"""SIGTERM, SIGINT and SIGHUP outside Slurm (docs/resume.md): a real trainer subprocess on digits saves at the next step
 boundary and leaves with one line naming the signal, the step and the checkpoint (exit status 128 + the signal's
 number, as a shell reports a signal), no traceback; the same command then resumes from that checkpoint."""
 
@@ -25,10 +25,11 @@ def _started_steps(run_dir, proc, timeout_s=120.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_a_stop_signal_saves_at_the_step_boundary_and_leaves_with_one_line(digits_root, tmp_path, signum):
     """SIGTERM to the trainer alone (as `kill` or a scheduler sends it); SIGINT to its whole process group, data
-    workers included, as a terminal's Ctrl-C does."""
+    workers included, as a terminal's Ctrl-C does; SIGHUP the same way, as a closed terminal does (it used to exit
+    129 with nothing saved)."""
     run_dir = tmp_path / "run"
     workers = 0 if signum == signal.SIGTERM else 2
     args = overrides(run_dir, digits_root, "steps=100000", "checkpoint_every=100000", f"data.num_workers={workers}")
@@ -42,7 +43,7 @@ def test_a_stop_signal_saves_at_the_step_boundary_and_leaves_with_one_line(digit
         start_new_session=True,  # its own process group: the test's Ctrl-C reaches the trainer and its workers only
     )
     _started_steps(run_dir, proc)
-    if signum == signal.SIGINT:
+    if signum != signal.SIGTERM:
         os.killpg(proc.pid, signum)
     else:
         proc.send_signal(signum)
