@@ -303,6 +303,14 @@ def _brace_hint(overrides: Sequence[str]) -> str | None:
 COMMAND_ERRORS = (ValueError, OSError, RuntimeError)  # bad input; unreadable files or shards; max_corrupt, coverage
 
 
+def asks_for_help(args: list[str], usage: str | None) -> bool:
+    """`-h` / `--help` alone: print the command's usage (its module's docstring) and say so; every command the same."""
+    if args in (["-h"], ["--help"]):
+        print((usage or "").strip())
+        return True
+    return False
+
+
 def one_line_errors(command: str, body: Callable[[], Any], errors: tuple[type[Exception], ...] = COMMAND_ERRORS) -> int:
     """Run a command's body: an expected failure is one line on stderr naming the command, without credentials (a
     corrupt sample's signed shard URL, say), and exit status 2; else 0."""

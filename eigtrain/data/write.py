@@ -1,4 +1,4 @@
-"""Write tar shards and their index; the ``eigtrain-shards`` command.
+"""eigtrain-shards: write tar shards and their index.
 
     eigtrain-shards source=digits out=data/digits shard_size=500 val_fraction=0.2 seed=0
     eigtrain-shards source=cifar10 path=~/cifar-10-batches-py out=data/cifar10 shard_size=1000
@@ -251,6 +251,10 @@ def write_source(args: dict) -> ShardIndex:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    from eigtrain.cli import asks_for_help
+
+    if asks_for_help(argv, __doc__):
+        return None
     if argv and argv[0] == "index":
         try:
             return index_main(argv[1:])

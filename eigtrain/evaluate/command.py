@@ -255,11 +255,10 @@ def _rr_features(cfg, rr_dir: Path, run, train: dict, test: dict):
 def main(argv: list[str] | None = None) -> int:
     import sys
 
-    from eigtrain.cli import compose_dataclass, one_line_errors
+    from eigtrain.cli import asks_for_help, compose_dataclass, one_line_errors
 
     args = sys.argv[1:] if argv is None else argv
-    if args in (["-h"], ["--help"]):
-        print(USAGE)
+    if asks_for_help(args, USAGE):
         return 0
 
     def body() -> None:

@@ -90,7 +90,7 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     _plot(report, paths["plot"], title)
     if "retrieval" in report:
         paths["retrieval_plot"] = out / "retrieval_vs_dim.png"
-        _plot_retrieval(report, paths["retrieval_plot"], title)
+        _plot_retrieval(report, paths["retrieval_plot"], title.replace("Accuracy (%)", "Accuracy and retrieval (%)"))
     return paths
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from eigtrain import dist as edist
-from eigtrain.cli import compose_dataclass, one_line_errors
+from eigtrain.cli import asks_for_help, compose_dataclass, one_line_errors
 from eigtrain.export import embedding_files
 from eigtrain.export.files import check_export_target, rr_manifest, save_export
 from eigtrain.export.moments import RRAccumulator
@@ -336,8 +336,11 @@ def run(cfg: RRJobConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if asks_for_help(args, __doc__):
+        return 0
     try:
-        return one_line_errors("eigtrain-rr", lambda: run(parse_args(sys.argv[1:] if argv is None else argv)))
+        return one_line_errors("eigtrain-rr", lambda: run(parse_args(args)))
     finally:
         edist.destroy()
 

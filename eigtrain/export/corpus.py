@@ -288,11 +288,10 @@ def read_embeddings(out: str | os.PathLike, k: int | None = None) -> tuple[list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eigtrain.cli import compose_dataclass, one_line_errors
+    from eigtrain.cli import asks_for_help, compose_dataclass, one_line_errors
 
     args = sys.argv[1:] if argv is None else argv
-    if args in (["-h"], ["--help"]):
-        print(USAGE)
+    if asks_for_help(args, USAGE):
         return 0
     try:
         return one_line_errors("eigtrain-embed", lambda: run(compose_dataclass(EmbedConfig, args)))

@@ -153,6 +153,18 @@ def write_torchscript(model: nn.Module, metadata: dict, path: Path) -> None:
         torch.jit.save(traced, str(path), _extra_files={META_NAME: json.dumps(metadata)})
 
 
+def require_onnx() -> None:
+    """One line before any work when format=onnx cannot be written here (not a ModuleNotFoundError at the end)."""
+    try:
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401  (torch's dynamo exporter needs it)
+    except ImportError as missing:
+        raise ValueError(
+            f"format=onnx needs the onnx packages ({missing.name} is not installed): pip install 'eigtrain[onnx]' "
+            f"(or format=torchscript, which needs torch alone)"
+        ) from None
+
+
 def write_onnx(model: nn.Module, metadata: dict, path: Path) -> None:
     """torch.onnx.export's torch.export-based exporter (dynamo=True; the TorchScript-based one is deprecated): one
     self-contained file with a dynamic batch axis, which onnxruntime loads; the metadata is added as metadata_props
@@ -216,6 +228,8 @@ def export_standalone(cfg: ExportConfig) -> dict:
     """Build the model and write it to cfg.out through a temporary file beside it, renamed when complete."""
     out = Path(str(cfg.out))
     check_target(out, cfg.overwrite)  # before any work
+    if cfg.format == "onnx":
+        require_onnx()
     model, metadata = build_standalone(str(cfg.run_dir), cfg.rr)
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -228,10 +242,14 @@ def export_standalone(cfg: ExportConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eigtrain.cli import COMMAND_ERRORS, compose_dataclass, one_line_errors
+    from eigtrain.cli import COMMAND_ERRORS, asks_for_help, compose_dataclass, one_line_errors
+
+    args = sys.argv[1:] if argv is None else argv
+    if asks_for_help(args, __doc__):
+        return 0
 
     def body() -> None:
-        cfg = compose_dataclass(ExportConfig, sys.argv[1:] if argv is None else argv).validate()
+        cfg = compose_dataclass(ExportConfig, args).validate()
         metadata = export_standalone(cfg)
         shape: Any = metadata["input"]["shape"][1:]
         width = metadata["output"]["shape"][1]

@@ -159,3 +159,21 @@ def test_vit_run_exports_to_both_formats(vit_run, tmp_path):
 
     session = onnxruntime.InferenceSession(str(tmp_path / "onnx"), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(session.run(None, {"images": x.numpy()})[0], expected, rtol=0, atol=1e-4)
+
+
+def test_onnx_without_its_packages_is_one_line_before_any_work(exported_run, tmp_path, capsys, monkeypatch):
+    """issue 55: format=onnx without onnx installed was a ModuleNotFoundError traceback after the model was built."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_onnx(name, *args, **kwargs):
+        if name.split(".")[0] in ("onnx", "onnxscript"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_onnx)
+    code = export_main([f"run_dir={exported_run}", "format=onnx", f"out={tmp_path / 'm.onnx'}"])
+    line = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in line and "pip install 'eigtrain[onnx]'" in line, line
+    assert not (tmp_path / "m.onnx").exists()
