@@ -31,3 +31,7 @@ def test_the_trainer_prints_hydras_help(capsys, monkeypatch, tmp_path):
     with pytest.raises(SystemExit) as done:
         main()
     assert done.value.code in (0, None) and "Configuration groups" in capsys.readouterr().out
+
+
+def test_every_command_is_found():
+    assert {"eigtrain-train", "eigtrain-rr", "eigtrain-eval", "eigtrain-embed", "eigtrain-export"} <= set(SCRIPTS)
