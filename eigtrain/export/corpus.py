@@ -6,23 +6,23 @@ Output directory `out=`:
   keys as a JSON list in the file's metadata (``keys``), row i <-> key i. Each rank writes its own sequence; a chunk
   is written to a dot-prefixed temporary name and renamed, so it exists only when complete.
 - ``manifest.json``: the settings (model, export, k, dtype, split, input view) written before the first chunk, then
-  ``count`` and ``complete: true`` once every rank is done (replaced atomically each time).
+  ``count``, every chunk's size and sha256, and ``complete: true`` once every rank is done (replaced atomically).
 A rerun skips every sample whose key a complete chunk holds (any world size: coverage stays exact) and refuses
-settings other than the manifest's, naming the key. `read_embeddings` gives (keys, features[:, :k]) sorted by key.
+settings other than the manifest's, naming the key; a chunk of other settings, rows, width or dtype is refused
+naming it (eigtrain.export.embed_chunks); a chunk removed from a complete output is embedded again. One writer per
+out= (a lock on the directory); overwrite=true starts over, deleting only what eigtrain-embed wrote there. `read_embeddings` gives (keys, features[:, :k]) sorted by key.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from eigtrain import dist as edist
@@ -36,17 +36,26 @@ from eigtrain.export.embed import (
     open_run,
     split_stream,
 )
+from eigtrain.export.embed_chunks import (
+    CHUNK,
+    DTYPES,
+    MANIFEST,
+    changed_chunks,
+    chunk_files,
+    chunk_keys,
+    chunk_records,
+    remove_own,
+    write_chunk,
+    write_manifest,
+)
 from eigtrain.export.files import TENSORS, OrderedHead, load_head
 from eigtrain.export.run_data import RunDataConfig
 from eigtrain.runs.checksums import file_sha256
+from eigtrain.runs.lock import RunDirInUse, lock_directory, release_directory
 from eigtrain.runs.output_dirs import EMBED_ENTRIES, OutputDirError, check_output_dir
 from eigtrain.runs.provenance import export_provenance
 
 FORMAT = "eigtrain-embeddings-v1"  # manifest["format"]: the mark of a directory eigtrain-embed wrote
-MANIFEST = "manifest.json"
-# .NAME[.HEX].tmp: one being written (eigtrain.safe_files)
-CHUNK = re.compile(r"\.?rank-(\d+)-chunk-(\d{5})\.safetensors(?:\.[0-9a-f]{12})?(\.tmp)?")
-DTYPES = {"float16": torch.float16, "float32": torch.float32}
 
 USAGE = """eigtrain-embed: the ordered features of every sample of a split, in chunks with their keys.
 
@@ -72,6 +81,7 @@ class EmbedConfig:
     num_workers: int = 1  # reader processes per rank
     device: str = "cpu"  # cpu | cuda | auto (this rank's GPU when there is one)
     allow_foreign_export: bool = False  # apply an export solved on other weights (recorded in the manifest)
+    overwrite: bool = False  # start over: delete what eigtrain-embed wrote in out= (its manifest and chunks) first
     data: RunDataConfig = field(default_factory=RunDataConfig)  # data sources replacing the run's saved ones
 
 
@@ -135,40 +145,14 @@ def check_same(out: Path, old: dict, new: dict) -> None:
         )
 
 
-def write_manifest(out: Path, manifest: dict) -> None:
-    safe_files.write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-
-
-def chunk_files(out: Path) -> list[Path]:
-    """The complete chunks in out=, by rank then index."""
-    found = [(m, p) for p in out.iterdir() if (m := CHUNK.fullmatch(p.name)) and not p.name.startswith(".")]
-    return [p for m, p in sorted(found, key=lambda mp: (int(mp[0][1]), int(mp[0][2])))]
-
-
-def chunk_keys(path: Path) -> list[str]:
-    try:
-        with safe_open(str(path), "pt") as f:
-            return json.loads((f.metadata() or {})["keys"])
-    except (SafetensorError, KeyError, ValueError) as error:  # a chunk changed since it was written
-        raise ValueError(f"cannot read the keys of {path} ({error!r}): not a chunk eigtrain-embed wrote") from None
-
-
-def write_chunk(out: Path, rank: int, index: int, keys: list[str], features: torch.Tensor) -> Path:
-    """One chunk, renamed into place once written: it exists only when complete."""
-    path = out / f"rank-{rank}-chunk-{index:05d}.safetensors"
-    safe_files.write_with(
-        path, lambda tmp: save_file({"features": features.contiguous()}, str(tmp), {"keys": json.dumps(keys)})
-    )
-    return path
-
-
-def resume_point(out: Path, rank: int) -> tuple[set[str], int]:
+def resume_point(out: Path, rank: int, spec: dict) -> tuple[set[str], int]:
     """(the keys complete chunks hold, this rank's next chunk index). Every rank's keys: a rerun on another world
     size still embeds each sample exactly once."""
     done = chunk_files(out) if out.is_dir() else []
     for stale in out.glob(f".rank-{rank}-chunk-*.safetensors*.tmp"):  # this rank's, cut short by a kill
         stale.unlink()
-    return {key for path in done for key in chunk_keys(path)}, sum(p.name.startswith(f"rank-{rank}-") for p in done)
+    keys = {key for path in done for key in chunk_keys(path, spec)}  # each checked to be this output's
+    return keys, 1 + max((int(m[2]) for p in done if (m := CHUNK.fullmatch(p.name)) and m[1] == str(rank)), default=-1)
 
 
 def _take(value, rows: list[int]):
@@ -204,10 +188,10 @@ def embed_share(
         keys += [batch["key"][i] for i in todo]
         while len(keys) >= cfg.chunk_size:  # full chunks as soon as they fill; the rest at the end
             features = torch.cat(rows)
-            write_chunk(out, env.rank, index, keys[: cfg.chunk_size], features[: cfg.chunk_size])
+            write_chunk(out, env.rank, index, keys[: cfg.chunk_size], features[: cfg.chunk_size], spec)
             keys, rows, index, written = keys[cfg.chunk_size :], [features[cfg.chunk_size :]], index + 1, written + 1
     if keys:
-        write_chunk(out, env.rank, index, keys, torch.cat(rows))
+        write_chunk(out, env.rank, index, keys, torch.cat(rows), spec)
         written += 1
     return stream.num_samples, written
 
@@ -215,13 +199,13 @@ def embed_share(
 def finish(out: Path, manifest: dict, expected: int) -> dict:
     """Rank 0, once every rank is done: check exact coverage over all chunks and mark the manifest complete."""
     files = chunk_files(out)
-    keys = [key for path in files for key in chunk_keys(path)]
+    keys = [key for path in files for key in chunk_keys(path, manifest["settings"])]
     if len(keys) != expected or len(set(keys)) != len(keys):
         raise RuntimeError(
             f"out={out}: the chunks hold {len(keys)} samples ({len(set(keys))} distinct keys) but the split has "
             f"{expected}: samples were lost or duplicated (or keys repeat in the shards)"
         )
-    manifest.update(count=len(keys), chunks=len(files), complete=True)
+    manifest.update(count=len(keys), chunks=len(files), chunk_files=chunk_records(files), complete=True)
     write_manifest(out, manifest)
     return manifest
 
@@ -239,12 +223,37 @@ def run(cfg: EmbedConfig) -> dict:
     trained = open_run(cfg.run_dir, device=str(device), data=command_line_data(cfg.data))
     rr_dir, head, provenance = load_export(cfg, trained)
     spec = settings(cfg, trained, rr_dir, head, cfg.split or trained.data.split)
+    lock = _writer(out, env.rank)  # one eigtrain-embed per out= (rank 0 holds it for the job)
+    try:
+        return _embed(cfg, env, device, out, None if cfg.overwrite else old, trained, head, spec, provenance)
+    finally:
+        release_directory(lock)
+
+
+def _writer(out: Path, rank: int) -> int | None:
+    if rank != 0:
+        return None
+    safe_files.make_dir(out)
+    try:
+        return lock_directory(out)
+    except RunDirInUse:
+        raise RunDirInUse(
+            f"out={out} is being written by another eigtrain-embed: wait for it, or choose another out="
+        ) from None
+
+
+def _embed(cfg, env, device, out: Path, old: dict | None, trained, head, spec: dict, provenance) -> dict:
     if old is not None:
         check_same(out, old, spec)
-        if old.get("complete"):  # nothing left to do: the output stays as it is
+        changed = changed_chunks(out, old) if old.get("complete") else []
+        if old.get("complete") and not changed:  # nothing left to do: the output stays as it is
             if env.rank == 0:
                 print(f"eigtrain-embed: {out} is complete ({old['count']} samples); nothing to do")
             return {"manifest": old, "chunks_written": 0}
+        if changed and env.rank == 0:  # a chunk removed (or one not its own, refused below): embedded again
+            print(
+                f"eigtrain-embed: {out} changed since it was complete ({', '.join(changed[:3])}): checking its chunks"
+            )
     manifest = {
         "format": FORMAT,
         "settings": spec,
@@ -256,9 +265,11 @@ def run(cfg: EmbedConfig) -> dict:
     }
     edist.barrier()  # every rank has checked out= before rank 0 writes there
     if env.rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
+        if cfg.overwrite:
+            remove_own(out)
         write_manifest(out, manifest)
-    resume = resume_point(out, env.rank)  # before any rank writes a chunk
+    edist.barrier()
+    resume = resume_point(out, env.rank, spec)  # before any rank writes a chunk
     edist.barrier()
     expected, written = embed_share(cfg, trained, head, spec, env, str(device), out, resume)
     edist.barrier()
@@ -270,11 +281,18 @@ def run(cfg: EmbedConfig) -> dict:
 
 
 def read_embeddings(out: str | os.PathLike, k: int | None = None) -> tuple[list[str], torch.Tensor]:
-    """(keys, features[:, :k]) of a complete eigtrain-embed output, sorted by key (the same for any world size)."""
+    """(keys, features[:, :k]) of a complete eigtrain-embed output, sorted by key (the same for any world size);
+    every chunk checked against the manifest first (one line naming what was removed or changed)."""
     out = Path(out)
     manifest = check_out(out) if out.is_dir() else None
     if not manifest or not manifest.get("complete"):
         raise ValueError(f"{out} holds no complete eigtrain-embed output (run eigtrain-embed to finish it)")
+    changed = changed_chunks(out, manifest) if "chunk_files" in manifest else []
+    if changed:
+        raise ValueError(
+            f"{out}: chunk(s) {', '.join(changed[:3])} removed or changed since the output was complete: run "
+            f"eigtrain-embed again with the same settings (it embeds what is missing)"
+        )
     keys: list[str] = []
     parts = []
     for path in chunk_files(out):

@@ -42,27 +42,41 @@ class RunLock:
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / LOCK_NAME
-        self._fd: int | None = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.release()
+            self._fd: int | None = lock_directory(run_dir)
+        except RunDirInUse:
             raise RunDirInUse(
                 f"{Path(run_dir)} is being written by another eigtrain-train ({_describe(self.path)}): one writer per "
                 f"run directory; wait for it to end or choose another run_dir (a holder that died frees it by itself)"
             ) from None
-        _HELD.add(self._fd)
         held_by = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         safe_files.write_text(self.path, json.dumps(held_by) + "\n")  # a planted link is replaced, not followed
 
     def release(self) -> None:
-        if self._fd is not None:
-            _HELD.discard(self._fd)
-            os.close(self._fd)  # closing the last descriptor releases the flock
-            self._fd = None
+        release_directory(self._fd)
+        self._fd = None
 
 
-_HELD: set[int] = set()  # this process's run-directory locks: a forked child closes its copies
+_HELD: set[int] = set()  # this process's directory locks: a forked child closes its copies
+
+
+def lock_directory(path: Path) -> int:
+    """An exclusive flock on directory `path` itself (its descriptor, to `release_directory`); RunDirInUse when
+    another process holds it. Forked children close their copy at once (`_close_inherited_locks`)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunDirInUse(f"{path} is locked by another process") from None
+    _HELD.add(fd)
+    return fd
+
+
+def release_directory(fd: int | None) -> None:
+    if fd is not None:
+        _HELD.discard(fd)
+        os.close(fd)  # closing the last descriptor releases the flock
 
 
 def _close_inherited_locks() -> None:

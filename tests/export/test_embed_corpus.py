@@ -175,3 +175,42 @@ def test_any_shards_the_trainer_reads(tmp_path):
     assert keys == sorted(f"corpus-{c}-{i:03d}" for c in range(4) for i in range(10)) and features.shape == (40, 16)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["settings"]["data"] == f"data.shards={corpus}" and manifest["count"] == 40
+
+
+def test_chunks_are_tied_to_their_output(trained, whole, tmp_path, capsys):
+    """issue 52: a chunk removed after completion is found by read_embeddings and embedded again by a rerun; a
+    chunk copied in from an output of other settings is refused naming it; overwrite=true starts over."""
+    from eigtrain.export.embed_chunks import chunk_files
+
+    out = tmp_path / "emb"
+    shutil.copytree(whole, out)
+    removed = chunk_files(out)[3]
+    removed.unlink()
+    with pytest.raises(ValueError, match=rf"{removed.name} removed or changed"):
+        read_embeddings(out)
+    assert embed_main([f"run_dir={trained}", f"out={out}", *SMALL]) == 0
+    keys, features = read_embeddings(out)
+    assert len(keys) == N_VAL == len(set(keys)) and torch.equal(features, read_embeddings(whole)[1])
+
+    other = tmp_path / "other"  # the same run at k = 4: its chunk 0 has the right name and keys, not the settings
+    assert embed_main([f"run_dir={trained}", f"out={other}", *SMALL, "k=4"]) == 0
+    shutil.copy(other / "rank-0-chunk-00000.safetensors", out / "rank-0-chunk-00000.safetensors")
+    capsys.readouterr()
+    assert embed_main([f"run_dir={trained}", f"out={out}", *SMALL]) == 2
+    assert "rank-0-chunk-00000.safetensors was embedded with other settings" in capsys.readouterr().err
+    assert embed_main([f"run_dir={trained}", f"out={out}", *SMALL, "k=4", "overwrite=true"]) == 0
+    assert read_embeddings(out)[1].shape == (N_VAL, 4)
+
+
+def test_a_second_embed_into_one_out_is_refused(trained, tmp_path, capsys):
+    from eigtrain.runs.lock import lock_directory, release_directory
+
+    out = tmp_path / "emb"
+    out.mkdir()
+    held = lock_directory(out)  # another eigtrain-embed writing there
+    try:
+        assert embed_main([f"run_dir={trained}", f"out={out}", *SMALL]) == 2
+    finally:
+        release_directory(held)
+    assert "being written by another eigtrain-embed" in capsys.readouterr().err
+    assert list(out.iterdir()) == []

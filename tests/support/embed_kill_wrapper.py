@@ -12,12 +12,12 @@ import eigtrain.export.corpus as embed_corpus
 original, calls = embed_corpus.write_chunk, [0]
 
 
-def write_chunk(out, rank, index, keys, features):
+def write_chunk(out, rank, index, keys, features, spec):
     calls[0] += 1
     if calls[0] == 3:
         save_file({"features": features.contiguous()}, str(out / f".rank-{rank}-chunk-{index:05d}.safetensors.tmp"))
         os.kill(os.getpid(), signal.SIGKILL)
-    return original(out, rank, index, keys, features)
+    return original(out, rank, index, keys, features, spec)
 
 
 embed_corpus.write_chunk = write_chunk
