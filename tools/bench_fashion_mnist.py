@@ -225,6 +225,11 @@ def report_lines(results: dict, args, stem: Path) -> list[str]:
             if args.layout == "report"
             else "train on the first 50,000 training images, scored on the last 10,000 (the carve-out)."
         )
+        + (
+            ""
+            if results.get("complete", True)
+            else " **Partial: the run was interrupted; only the cells below were finished (seeds per row as listed).**"
+        )
         + f" Budget: {results['steps']} steps of batch {results['batch']}, seeds {args.seeds}. Probe: eigtrain-eval's "
         "SGD probe (50 epochs, whitened features); kNN: 20-NN cosine vote. samples/s: both trainers in this run, "
         "side by side on the same machine.\n"
@@ -308,31 +313,80 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(sys.argv[1:] if argv is None else argv)
     stem = args.stem
-    if args.render:
-        return write_report(json.loads(stem.with_suffix(".json").read_text()), args, stem)
+    if args.render:  # the finished run's numbers, else those an interrupted one saved (said so in the report)
+        done = stem.with_suffix(".json") if stem.with_suffix(".json").exists() else stem.with_suffix(".partial.json")
+        return write_report(json.loads(done.read_text()), args, stem)
     args.root = fmd.OUT[args.layout]
     cfg = cell_config(args, args.cells[0])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     results: dict = {"commit": commit, "steps": cfg.steps, "batch": cfg.batch_size, "eigtrain": {}, "lightly": {}}
+    results.update(code=code_digest(), argv=args.argv, complete=False)
+    results = resumed(stem, results)  # the cells an interrupted run of the same code and command finished
     with tempfile.TemporaryDirectory() as tmp:
         if args.limit:  # the dry run's own small shards
             args.root = Path(tmp) / "shards"
             fmd.write("report", {"train": source(args)["train"], "test": source(args)["val"]}, args.root)
         elif not (args.root / "index.json").exists():  # the device script's machine starts bare
             fmd.write(args.layout, fmd.load(), args.root)
-        results["raw pixels"] = floor(pixels(source(args)))
+        if "raw pixels" not in results:
+            results["raw pixels"] = floor(pixels(source(args)))
         print("raw pixels", results["raw pixels"], flush=True)
         for seed in args.seeds:  # eigtrain and lightly alternate: their samples/s are measured side by side
             for cell in [] if args.no_eigtrain else args.cells:
-                results["eigtrain"].setdefault(cell, {})[seed] = eigtrain_cell(args, seed, cell, Path(tmp))
+                if str(seed) not in results["eigtrain"].get(cell, {}):
+                    results["eigtrain"].setdefault(cell, {})[str(seed)] = eigtrain_cell(args, seed, cell, Path(tmp))
+                    save_partial(stem, results)
                 print("done eigtrain", cell, seed, flush=True)
             for peer in args.peers:
-                results["lightly"].setdefault(peer, {})[seed] = lightly_cell(args, seed, peer)
-                print("done lightly", peer, seed, results["lightly"][peer][seed], flush=True)
+                if str(seed) not in results["lightly"].get(peer, {}):
+                    results["lightly"].setdefault(peer, {})[str(seed)] = lightly_cell(args, seed, peer)
+                    save_partial(stem, results)
+                print("done lightly", peer, seed, results["lightly"][peer][str(seed)], flush=True)
     from eigtrain.safe_files import write_text
 
+    results["complete"] = True
     write_text(stem.with_suffix(".json"), json.dumps(results, indent=1, default=str) + "\n")
+    stem.with_suffix(".partial.json").unlink(missing_ok=True)
     write_report(json.loads(stem.with_suffix(".json").read_text()), args, stem)  # the keys as the file has them
+
+
+CODE = (
+    "eigtrain",
+    "configs",
+    "launch",
+    "tools/bench_fashion_mnist.py",
+    "tools/fashion_mnist_data.py",
+    "pyproject.toml",
+)
+
+
+def code_digest() -> str:
+    """The committed trees of what makes the numbers (and whether they have local changes): a run resumes only
+    cells made by the same code."""
+    trees = subprocess.run(["git", "rev-parse", *(f"HEAD:{p}" for p in CODE)], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", *CODE], capture_output=True, text=True).stdout.strip()
+    return " ".join(t[:12] for t in trees.stdout.split()) + (" +local changes" if dirty else "")
+
+
+def resumed(stem: Path, fresh: dict) -> dict:
+    """The partial results of an interrupted run (stem.partial.json, written after every cell) when they were made
+    by the same code and command; else `fresh` (a run with local changes never resumes)."""
+    partial = stem.with_suffix(".partial.json")
+    if not partial.exists():
+        return fresh
+    old = json.loads(partial.read_text())
+    if old.get("code") != fresh["code"] or old.get("argv") != fresh["argv"] or "+local" in fresh["code"]:
+        print(f"{partial}: made by other code or another command; starting over", flush=True)
+        return fresh
+    done = sum(len(v) for part in ("eigtrain", "lightly") for v in old[part].values())
+    print(f"{partial}: resuming after {done} finished cell(s) of commit {old['commit']}", flush=True)
+    return {**old, "commit": f"{old['commit']} (resumed at {fresh['commit']}, the same code)"}
+
+
+def save_partial(stem: Path, results: dict) -> None:
+    from eigtrain.safe_files import write_text
+
+    write_text(stem.with_suffix(".partial.json"), json.dumps(results, indent=1, default=str) + "\n")
 
 
 def write_report(results: dict, args, stem: Path, plot: bool = True) -> None:
