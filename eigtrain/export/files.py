@@ -18,6 +18,7 @@ from torch.nn import functional as F
 from eigtrain.export.prefixes import spectral_k_report
 from eigtrain.export.rayleigh_ritz import IN_SPAN_TOL, RRResult
 from eigtrain.redact import redact_config
+from eigtrain.runs.checksums import file_sha256
 
 TENSORS = "rr.safetensors"
 MANIFEST = "manifest.json"
@@ -119,6 +120,9 @@ def _write_export(result: RRResult, out: Path, source: dict, plot: bool) -> None
         "dtype": str(result.transform.dtype).replace("torch.", ""),
         "eigenvalues": [float(v) for v in result.eigenvalues],
         "tensors": sorted(tensors),
+        "sha256": {
+            TENSORS: file_sha256(out / TENSORS)
+        },  # load_head verifies it: an rr.safetensors swapped in is refused
         **rr_manifest(result),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -183,6 +187,20 @@ def plot_decay(eigenvalues: torch.Tensor, path: str | os.PathLike, title: str = 
     fig.savefig(path)
 
 
+def _verify_tensors(file: Path) -> None:
+    """ValueError (one line) when the export's manifest recorded rr.safetensors' sha256 and the file differs (another
+    export's tensors swapped in, or corruption); exports from before the record are read as they are."""
+    try:
+        recorded = json.loads((file.parent / MANIFEST).read_text()).get("sha256", {}).get(file.name)
+    except (OSError, ValueError, AttributeError):
+        return
+    if recorded is not None and file_sha256(file) != recorded:
+        raise ValueError(
+            f"{file} does not match the sha256 its {MANIFEST} recorded (replaced or changed since eigtrain-rr wrote "
+            f"it): run eigtrain-rr again"
+        )
+
+
 class OrderedHead(nn.Module):
     """z -> (z - mean) @ transform[:, :k]: the first k ordered features, for any k. l2_normalize: the export was
     solved on z / ||z|| (a run whose objective normalizes, e.g. SCL): the head normalizes z first (idempotent)."""
@@ -219,6 +237,7 @@ def load_head(
     file = path / TENSORS if path.is_dir() else path
     if not file.exists():
         raise FileNotFoundError(f"no Rayleigh-Ritz export at {file}")
+    _verify_tensors(file)
     try:
         t = load_file(str(file))
         with safe_open(str(file), "pt") as f:  # exports before the input was recorded: raw

@@ -37,9 +37,12 @@ def write_checksums(path: Path, skip: tuple[str, ...]) -> str:
 def verify(path: Path, marker: dict) -> str:
     """'' when every file `marker` (the step's COMPLETE, read) vouches for is whole; else one line naming the file."""
     path = Path(path)
-    if not marker.get("checksums"):  # a checkpoint from before checksums: nothing to check it against
+    name = marker.get("checksums")
+    if not name:  # a checkpoint from before checksums: nothing to check it against
         return ""
-    listing = path / marker["checksums"]
+    if not isinstance(name, str) or Path(name).name != name:
+        return f"its COMPLETE marker names no checksum file of the step ({name!r})"
+    listing = path / name
     try:
         files = json.loads(listing.read_text())["files"]
         if not isinstance(files, dict):
@@ -95,3 +98,35 @@ def newest_verified(root: Path) -> Path | None:
             return path
         log.warning("skipping checkpoint %s: %s; trying the one before", path, problem)
     return None
+
+
+def record_file(directory: Path, name: str) -> None:
+    """Add `name`'s sha256 to `directory`/CHECKSUMS (what eigtrain wrote there: a run directory's model.safetensors),
+    so that readers can verify it (`recorded_mismatch`)."""
+    listing = Path(directory) / CHECKSUMS
+    files = _recorded(listing) or {}
+    files[name] = file_sha256(Path(directory) / name)
+    safe_files.write_text(listing, json.dumps({"algorithm": "sha256", "files": files}, indent=1))
+
+
+def recorded_mismatch(directory: Path, name: str) -> str:
+    """'' when `directory`/`name` matches the sha256 recorded for it (or none was: a run from before records), else
+    why not, in words naming the file."""
+    recorded = (_recorded(Path(directory) / CHECKSUMS) or {}).get(name)
+    if recorded is None:
+        return ""
+    try:
+        actual = file_sha256(Path(directory) / name)
+    except OSError as error:
+        return f"{Path(directory) / name} cannot be read ({error.strerror or error})"
+    if actual != recorded:
+        return f"{Path(directory) / name} does not match the sha256 recorded when eigtrain wrote it (changed since)"
+    return ""
+
+
+def _recorded(listing: Path) -> dict | None:
+    try:
+        files = json.loads(listing.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return files if isinstance(files, dict) else None

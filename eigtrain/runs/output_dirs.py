@@ -34,6 +34,7 @@ RUN_ENTRIES = frozenset(
         "eval",
         ".eigtrain-lock",  # the trainer's lock (eigtrain.runs.lock)
         "lineage.jsonl",  # resumes that started a new lineage (eigtrain.runs.lineage)
+        "checksums.json",  # the sha256 of model.safetensors (eigtrain.runs.checkpoint_verify.record_file)
     }
 )
 EVAL_ENTRIES = frozenset({"table.md", "table.csv", "report.json", "accuracy_vs_dim.png", "retrieval_vs_dim.png"})

@@ -31,6 +31,7 @@ from eigtrain.models.pretrained import load_pretrained
 from eigtrain.objectives import build_objective
 from eigtrain.redact import redact_config, redact_logs, redact_url, redact_yaml_file
 from eigtrain.runs import checkpoint as ckpt
+from eigtrain.runs.checkpoint_verify import record_file
 from eigtrain.runs.lineage import check_resume
 from eigtrain.runs.lock import WriterSlot
 from eigtrain.runs.output_dirs import claim_run_dir
@@ -148,6 +149,7 @@ def _loop(t: Trainer, cfg: TrainConfig, rank0: bool) -> dict[str, Any]:
         final_weights = t.engine.model_state_dict() if state.step == cfg.steps else None  # a collective for ZeRO-3
         if rank0 and final_weights is not None:
             ckpt.export_model(Path(cfg.run_dir) / ckpt.EXPORT_NAME, final_weights, {"step": state.step, **t.model_info})
+            record_file(Path(cfg.run_dir), ckpt.EXPORT_NAME)  # readers verify it (eigtrain.export.embed.open_run)
     finally:
         report.close()
     return {
