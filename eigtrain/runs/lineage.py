@@ -10,14 +10,18 @@ Keys that only say how to run (workers, logging, checkpoint cadence, devices, th
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
+import secrets
 import time
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from eigtrain import safe_files
 from eigtrain.runs.saved_config import load_saved_config
 
 log = logging.getLogger("eigtrain.train.command")
@@ -76,17 +80,66 @@ def changes(saved: DictConfig | ListConfig, new: DictConfig) -> dict[str, tuple[
     return {k: (_value(saved, k), _value(new, k)) for k in LINEAGE_KEYS if _value(saved, k) != _value(new, k)}
 
 
-def check_resume(run_dir: Path, new: DictConfig | dict, step: int, allow_new_lineage: bool) -> str:
-    """'' when resuming `run_dir` at `step` under `new` (redacted as config.yaml is) continues the same lineage, or
-    it may start a new one (recorded); else the one line refusing it."""
-    saved_path = Path(run_dir) / "config.yaml"
-    if not saved_path.is_file():  # a run from before config.yaml: nothing to compare with
-        return ""
+KEY_FILE = ".eigtrain-key"  # the run's HMAC key (0600): identities compare unredacted values without storing them
+
+
+def run_key(run_dir: Path, create: bool) -> bytes | None:
+    """The run's identity key (made on its first save when `create`), None when there is none."""
+    path = Path(run_dir) / KEY_FILE
+    if path.is_file() and not path.is_symlink():
+        return path.read_bytes()
+    if not create:
+        return None
+    key = secrets.token_bytes(32)
+    safe_files.write_bytes(path, key, file_mode=0o600)
+    return key
+
+
+def identity(cfg: DictConfig, key: bytes) -> dict[str, str]:
+    """{lineage key: keyed digest of its unredacted value}: stored in every checkpoint (trainer.json), so a resume
+    is checked against what the checkpoints were trained with even without config.yaml, and values that differ only
+    in a credential or a query (`?set=a` vs `?set=b`, both REDACTED in config.yaml) still differ."""
+    text = lambda k: json.dumps(_value(cfg, k), sort_keys=True, default=str).encode()  # noqa: E731
+    return {k: hmac.new(key, text(k), hashlib.sha256).hexdigest()[:32] for k in LINEAGE_KEYS}
+
+
+def saved_trainer_state(step_dir: Path) -> dict:
+    """A checkpoint's trainer.json as a dict ({} when unreadable: the resume's own checks then say why)."""
     try:
-        saved = load_saved_config(saved_path)  # plain data: no tag, alias or interpolation is acted on
-    except Exception as error:  # YAML errors of every kind: the refusal names the file
-        return str(error).splitlines()[0] if str(error) else f"cannot read {saved_path}: {type(error).__name__}"
-    changed = changes(saved, new if isinstance(new, DictConfig) else OmegaConf.create(new))
+        state = json.loads((Path(step_dir) / "trainer.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def identity_changes(run_dir: Path, saved: dict | None, new: DictConfig) -> list[str]:
+    """The lineage keys whose value differs from the one the checkpoint (its trainer.json `identity`) was made with."""
+    if not isinstance(saved, dict) or not saved:
+        return []  # a checkpoint from before identities
+    key = run_key(run_dir, create=False)
+    if key is None:
+        return ["(the run's identity key, " + KEY_FILE + ", is missing)"]
+    now = identity(new, key)
+    return [k for k in LINEAGE_KEYS if k in saved and saved[k] != now[k]]
+
+
+def check_resume(
+    run_dir: Path, new: DictConfig | dict, step: int, allow_new_lineage: bool, unredacted=None, saved_identity=None
+) -> str:
+    """'' when resuming `run_dir` at `step` under `new` (redacted as config.yaml is) continues the same lineage, or
+    it may start a new one (recorded); else the one line refusing it. `unredacted` (the live config) is compared
+    with the checkpoint's `saved_identity` too (`identity_changes`)."""
+    saved_path = Path(run_dir) / "config.yaml"
+    changed: dict[str, tuple[Any, Any]] = {}
+    if saved_path.is_file():  # (a run from before config.yaml, or one whose file was removed: the identity below)
+        try:
+            saved = load_saved_config(saved_path)  # plain data: no tag, alias or interpolation is acted on
+        except Exception as error:  # YAML errors of every kind: the refusal names the file
+            return str(error).splitlines()[0] if str(error) else f"cannot read {saved_path}: {type(error).__name__}"
+        changed = changes(saved, new if isinstance(new, DictConfig) else OmegaConf.create(new))
+    if not changed and unredacted is not None:
+        hidden = identity_changes(run_dir, saved_identity, unredacted)
+        changed = {k: ("<as its checkpoints were trained>", "<another value>") for k in hidden}
     if not changed:
         return ""
     key, (old, value) = next(iter(changed.items()))

@@ -35,6 +35,7 @@ RUN_ENTRIES = frozenset(
         ".eigtrain-lock",  # the trainer's lock (eigtrain.runs.lock)
         "lineage.jsonl",  # resumes that started a new lineage (eigtrain.runs.lineage)
         "checksums.json",  # the sha256 of model.safetensors (eigtrain.runs.checkpoint_verify.record_file)
+        ".eigtrain-key",  # the run's identity key (eigtrain.runs.lineage.run_key)
     }
 )
 EVAL_ENTRIES = frozenset({"table.md", "table.csv", "report.json", "accuracy_vs_dim.png", "retrieval_vs_dim.png"})

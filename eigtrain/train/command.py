@@ -32,7 +32,7 @@ from eigtrain.objectives import build_objective
 from eigtrain.redact import redact_config, redact_logs, redact_url, redact_yaml_file
 from eigtrain.runs import checkpoint as ckpt
 from eigtrain.runs.checkpoint_verify import record_file
-from eigtrain.runs.lineage import check_resume
+from eigtrain.runs.lineage import check_resume, identity, run_key, saved_trainer_state
 from eigtrain.runs.lock import WriterSlot
 from eigtrain.runs.output_dirs import claim_run_dir
 from eigtrain.schema import ConfigError, DataConfig, TrainConfig, train_config
@@ -232,7 +232,9 @@ def _resume(
     rank_state = RankState(stream, inputs.generator)
     if rank0:  # before anything is loaded or rewritten: the same objective, model, data and schedule
         done = ckpt.complete_checkpoints(checkpoints.root)
-        lineage = check_resume(run_dir, redact_config(composed), done[-1][0], cfg.new_lineage) if done else ""
+        saved_identity = saved_trainer_state(done[-1][1]).get("identity") if done else None
+        args = (redact_config(composed), done[-1][0], cfg.new_lineage, composed, saved_identity) if done else ()
+        lineage = check_resume(run_dir, *args) if done else ""
     if refused := dist.broadcast_object(lineage if rank0 else None):
         raise ConfigError(refused)
     latest, trainer_state, saved_rank_state = checkpoints.resume()
@@ -240,6 +242,8 @@ def _resume(
         state.load_state_dict(trainer_state)
         rank_state.load_state_dict(saved_rank_state)
         log.info("resumed from %s (step %d)", latest, state.step)
+    if rank0:  # every checkpoint from now on says what its steps are steps of (a new lineage: the new values)
+        state.identity = identity(composed, run_key(run_dir, create=True))
     metrics = progress = None
     if rank0:
         run_dir.mkdir(parents=True, exist_ok=True)

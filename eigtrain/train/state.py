@@ -28,6 +28,7 @@ class TrainState:
     def __init__(self, device: torch.device, *, batch_size: int, max_nonfinite_steps: int):
         self.step = self.samples = self.skipped_steps = self.skipped_batches = 0
         self.wandb_id: str | None = None
+        self.identity: dict[str, str] | None = None  # what the steps are steps of (eigtrain.runs.lineage.identity)
         self.batch_size, self.max_nonfinite_steps = batch_size, max_nonfinite_steps
         self._unread_skips = torch.zeros((), dtype=torch.int64, device=device)  # skipped updates not yet read
         self._unusable_steps: list[int] = []  # this rank's steps on a stand-in batch since the last read
@@ -39,6 +40,7 @@ class TrainState:
             "skipped_steps": self.skipped_steps,
             "skipped_batches": self.skipped_batches,
             "wandb_id": self.wandb_id,
+            "identity": self.identity,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
