@@ -4,7 +4,6 @@ evaluation. Every sample is read exactly once across ranks and workers (ShardStr
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,17 +26,17 @@ from eigtrain.data.from_config import (
 )
 from eigtrain.data.pipe_trust import SOURCE_KEYS, check_saved_sources
 from eigtrain.export.moments import RRAccumulator
+from eigtrain.export.run_weights import final_or_newest, read_newest
 from eigtrain.models.encoder import PairEncoder
 from eigtrain.redact import saved_value_usable
-from eigtrain.runs.checkpoint import EXPORT_NAME, MODEL_INFO_NAME, read_encoder
+from eigtrain.runs.checkpoint import EXPORT_NAME, MODEL_INFO_NAME
 from eigtrain.runs.checkpoint_read import read_json
-from eigtrain.runs.checkpoint_verify import check_step, newest_verified, recorded_mismatch
+from eigtrain.runs.checkpoint_verify import check_step
 from eigtrain.runs.checksums import file_sha256
 from eigtrain.runs.run_step import weights_record
 from eigtrain.runs.saved_config import load_saved_config
 from eigtrain.schema import DataConfig, typed, typed_option
 
-log = logging.getLogger(__name__)
 RUN_KEYS = ("label_key",)  # data keys besides the sources that the command line may set for a run's shards
 
 
@@ -105,9 +104,9 @@ def open_run(
         run = Path(run_dir)
         if not (run / "config.yaml").exists():
             raise FileNotFoundError(f"{run} is not a training run directory (no config.yaml)")
-        step, _ = _final_or_newest(run)
+        step, _ = final_or_newest(run)
     cfg = load_saved_config(run / "config.yaml")  # plain YAML only: one line for a tag, never run
-    encoder, weights_hash = read_encoder(run, step)  # the step pinned against pruning meanwhile
+    encoder, weights_hash, step = read_newest(run, step, retry=checkpoint is None)
     encoder, output = objective_view(encoder.to(device), cfg)
     given = {k: v for k, v in (data or {}).items() if k in (*SOURCE_KEYS, *RUN_KEYS) and v is not None}
     if given.get("val_shards") is not None and not (given.get("shards") or cfg.data.shards):
@@ -121,20 +120,6 @@ def open_run(
     return TrainedRun(
         run, cfg, typed_data, encoder, step or run / EXPORT_NAME, frozenset(given), allow_pipe, output, weights_hash
     )
-
-
-def _final_or_newest(run: Path) -> tuple[Path | None, str]:
-    """(None, '') for the run's final weights (model.safetensors as the trainer recorded it), else the newest
-    checkpoint that verifies, with a warning naming the final weights' problem; one line when neither is usable."""
-    problem = recorded_mismatch(run, EXPORT_NAME) if (run / EXPORT_NAME).exists() else f"no {EXPORT_NAME}"
-    if not problem:
-        return None, ""
-    step = newest_verified(run / "checkpoints")
-    if step is None:
-        raise FileNotFoundError(f"{run}: {problem}, and no complete checkpoint verifies")
-    if (run / EXPORT_NAME).exists():
-        log.warning("%s; using the newest checkpoint that verifies, %s", problem, step)
-    return step, problem
 
 
 def check_split(run: TrainedRun, split: str) -> str:

@@ -89,11 +89,15 @@ def check_step(path: Path) -> None:
 def newest_verified(root: Path) -> Path | None:
     """The newest complete checkpoint under `root` that verifies; each newer one that does not is skipped with one
     warning naming its file."""
+    from eigtrain.runs.lock import pinned
     from eigtrain.runs.step_dirs import complete_checkpoints
 
     for _, path in reversed(complete_checkpoints(root)):
-        marker = read_marker(path)
-        problem = "its COMPLETE marker cannot be read" if marker is None else verify(path, marker)
+        with pinned(path) as present:  # hashed while pinned: a trainer's pruning cannot delete it mid-hash
+            if not present:  # pruned since it was listed: a newer one exists, or the one before serves
+                continue
+            marker = read_marker(path)
+            problem = "its COMPLETE marker cannot be read" if marker is None else verify(path, marker)
         if not problem:
             return path
         log.warning("skipping checkpoint %s: %s; trying the one before", path, problem)

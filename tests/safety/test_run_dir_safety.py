@@ -165,6 +165,30 @@ def test_rr_reads_a_step_the_trainer_prunes_meanwhile(world, template, monkeypat
     assert [p.name for p in ckpt.prune(run / "checkpoints", keep_last=1)] == ["step-1"]  # read over: pruned
 
 
+def test_a_step_pruned_between_its_choice_and_its_read_is_chosen_again(world, template, monkeypatch, caplog):
+    """issue 52: a live trainer (keep_last=1, a save every step) prunes the newest step after eigtrain-rr chose it and
+    before it pinned it: rr takes the newest step again instead of failing ("pruned ... run again")."""
+    import logging
+
+    from eigtrain.export import run_weights
+
+    run = trained(world, template)
+    (run / "model.safetensors").unlink()  # a run still training: its checkpoints are what rr reads
+    read, calls = run_weights.read_encoder, []
+
+    def pruned_first(run_dir, step):
+        calls.append(step.name)
+        if len(calls) == 1:
+            shutil.rmtree(step)  # the trainer's pruning, between the choice and the pin
+        return read(run_dir, step)
+
+    monkeypatch.setattr(run_weights, "read_encoder", pruned_first)
+    with caplog.at_level(logging.INFO):
+        outcome = rr(world, f"run_dir={run}", f"out={world.tmp / 'rr'}")
+    assert outcome.code == 0, outcome
+    assert calls == ["step-2", "step-1"] and "pruned while being chosen" in caplog.text
+
+
 def test_eval_uses_another_steps_export_only_when_allowed_and_says_so(world, template):
     run = trained(world, template)
     step_1 = run / "checkpoints" / "step-1"
