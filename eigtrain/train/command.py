@@ -11,7 +11,6 @@ A run resumes automatically from the newest complete checkpoint in ``run_dir``.
 from __future__ import annotations
 
 import logging
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from eigtrain import dist
-from eigtrain.data import CorruptDataError, build_augment
+from eigtrain.data import build_augment
 from eigtrain.data import from_config as data_setup
 from eigtrain.engine import build_engine, lr_at
 from eigtrain.engine.base import LossFn, accumulation_caveat, enable_cuda_fast_paths
@@ -38,9 +37,10 @@ from eigtrain.runs.output_dirs import claim_run_dir
 from eigtrain.schema import ConfigError, DataConfig, TrainConfig, train_config
 from eigtrain.train import random_state
 from eigtrain.train.checks import batch_split, validate
+from eigtrain.train.failures import failure_line
 from eigtrain.train.metrics_log import MetricsLog, Progress, Reporter, stable_run_id, write_run_records
 from eigtrain.train.monitor import build_monitor
-from eigtrain.train.state import NonFiniteError, RankState, TrainState
+from eigtrain.train.state import RankState, TrainState
 from eigtrain.train.step_inputs import StepInputs, make_loss_fn, view_options
 from eigtrain.train.sweep_naming import register_resolvers
 
@@ -288,10 +288,8 @@ def _check_point(overrides: list[str], config_name: str | None) -> None:
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
-    from torch.distributed.checkpoint.api import CheckpointException
 
     from eigtrain.cli import point_key
-    from eigtrain.data import ShardError
     from eigtrain.launch import launch
 
     # Hydra's output directory for this job: run_dir, or run_dir/<the point's overrides> in a multirun.
@@ -315,25 +313,11 @@ def _hydra_main(cfg: DictConfig) -> None:
                 result = launch(job.launcher, run, cfg, batches=batches, converted=job, loader_workers=workers)
             if result.get("stopped_on_signal"):
                 dist.leave_after_stop("eigtrain-train", result["step"], result["checkpoint"])
-    except ConfigError as exn:
-        raise SystemExit(f"eigtrain-train: config error: {exn}") from None
-    except CorruptDataError as exn:  # past data.max_corrupt: one line naming the count and the last sample
-        raise SystemExit(f"eigtrain-train: {exn}") from None
-    except (ShardError, TimeoutError) as exn:  # a shard that cannot be read, a stalled source: one line naming it
-        raise SystemExit(f"eigtrain-train: data error: {exn}") from None
-    except NonFiniteError as exn:  # past max_nonfinite_steps: names the last good checkpoint
-        raise SystemExit(f"eigtrain-train: {exn}") from None
-    except OSError as exn:  # a full disk, a read-only run directory: one line naming the file
-        raise SystemExit(f"eigtrain-train: cannot write {exn.filename or 'the run'}: {exn.strerror or exn}") from None
-    except ValueError as exn:  # found once the data is read (e.g. too few samples for one batch per worker)
-        raise SystemExit(f"eigtrain-train: {exn}") from None
-    except CheckpointException as exn:  # torch.distributed.checkpoint's, one per failed rank; a full disk among them
-        errors = {f"{type(e).__name__}: {str(e).splitlines()[0]}" for e, _ in exn.failures.values()}
-        free = shutil.disk_usage(cfg.run_dir).free
-        raise SystemExit(
-            f"eigtrain-train: cannot write a checkpoint in {cfg.run_dir} ({free} bytes free there): "
-            f"{'; '.join(sorted(errors))}"
-        ) from None
+    except Exception as exn:  # an expected failure is one line (eigtrain.train.failures); anything else as it is
+        line = failure_line(exn, cfg.run_dir)
+        if line is None:
+            raise
+        raise SystemExit(line) from None
 
 
 def main() -> None:

@@ -76,3 +76,33 @@ def test_a_stop_signal_saves_at_the_step_boundary_and_leaves_with_one_line(digit
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resum" in again.stderr.lower() + again.stdout.lower() and f"step-{step}" in again.stderr + again.stdout
+
+
+def test_a_data_worker_killed_ends_the_run_with_one_line_and_its_checkpoints(digits_root, tmp_path):
+    """issue 52: a data worker SIGKILLed (as the OOM killer does) ended the run in a Hydra traceback. Now one line
+    naming the dead worker, and the checkpoints saved so far stand: the same command resumes."""
+    import psutil
+
+    run_dir = tmp_path / "run"
+    args = overrides(run_dir, digits_root, "steps=100000", "checkpoint_every=2", "data.num_workers=2")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eigtrain.train.command", *args],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list((run_dir / "checkpoints").glob("step-*/COMPLETE")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.1)
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    assert workers, "no data worker to kill"
+    workers[-1].kill()
+    _, err = proc.communicate(timeout=120)
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode != 0 and "Traceback" not in err, err[-3000:]
+    assert last.startswith("eigtrain-train: data error: DataLoader worker (pid") and "a data worker died" in last
+    assert list((run_dir / "checkpoints").glob("step-*/COMPLETE"))

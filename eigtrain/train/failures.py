@@ -1,0 +1,43 @@
+"""eigtrain-train's expected failures, each as the one line the user sees (naming the cause, never a traceback);
+anything else propagates as it is."""
+
+from __future__ import annotations
+
+import shutil
+
+from eigtrain.data import CorruptDataError, ShardError
+from eigtrain.safe_files import OutputError
+from eigtrain.schema import ConfigError
+from eigtrain.train.state import NonFiniteError
+
+
+def failure_line(exn: BaseException, run_dir: str) -> str | None:
+    """The one line for an expected failure of a run in `run_dir`, or None (let it propagate)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(exn, ConfigError):
+        return f"eigtrain-train: config error: {exn}"
+    if isinstance(exn, (CorruptDataError, NonFiniteError)):  # past data.max_corrupt / max_nonfinite_steps
+        return f"eigtrain-train: {exn}"
+    if isinstance(exn, (ShardError, TimeoutError)):  # a shard that cannot be read, a stalled source: naming it
+        return f"eigtrain-train: data error: {exn}"
+    if isinstance(exn, OutputError):  # eigtrain.safe_files': its message names the file and the cause
+        return f"eigtrain-train: {exn.strerror}"
+    if isinstance(exn, OSError):  # a full disk, a read-only run directory: naming the file
+        return f"eigtrain-train: cannot write {exn.filename or 'the run'}: {exn.strerror or exn}"
+    if isinstance(exn, ValueError):  # found once the data is read (e.g. too few samples for one batch per worker)
+        return f"eigtrain-train: {exn}"
+    if isinstance(exn, RuntimeError) and "DataLoader worker" in str(exn):  # e.g. the OOM killer took a reader
+        return (
+            f"eigtrain-train: data error: {str(exn).splitlines()[0].rstrip('. ')}: a data worker died (killed for "
+            f"memory?); run the same command again to resume from the last checkpoint, with fewer data.num_workers "
+            f"if it recurs"
+        )
+    if isinstance(exn, CheckpointException):  # torch.distributed.checkpoint's, one per failed rank; a full disk
+        errors = {f"{type(e).__name__}: {str(e).splitlines()[0]}" for e, _ in exn.failures.values()}
+        free = shutil.disk_usage(run_dir).free
+        return (
+            f"eigtrain-train: cannot write a checkpoint in {run_dir} ({free} bytes free there): "
+            f"{'; '.join(sorted(errors))}"
+        )
+    return None
