@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -89,10 +90,39 @@ def _claim_step_dir(path: Path) -> str:
             f"{path} exists and was not written by eigtrain (no {OWNER} or {MARKER} in it): refusing to replace "
             f"it; move it out of {path.parent}"
         )
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    safe_files.write_text(path / OWNER, "written by eigtrain's Checkpointer\n")
+    if path.exists():
+        _discard(path)
+    _remove_unclaimed(path.parent)
+    # made whole under a temporary name, then renamed into place: a kill never leaves a step-N without its ownership
+    # file (which a restart would have to refuse as someone else's)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=UNCLAIMED, dir=path.parent))
+    safe_files.write_text(staging / OWNER, "written by eigtrain's Checkpointer\n")
+    staging.chmod(0o755)  # mkdtemp makes it private
+    os.rename(staging, path)
     return ""
+
+
+UNCLAIMED, DISCARDED = ".claiming", ".discarded"  # step directories being made / deleted, left only by a kill
+
+
+def _discard(path: Path) -> None:
+    """Delete one of eigtrain's step directories: renamed out of the step-N names first, so that a kill mid-delete
+    leaves no step-N without its ownership file (a restart would have to refuse it as someone else's)."""
+    doomed = path.with_name(f".{path.name}.{os.getpid()}{DISCARDED}")
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _remove_unclaimed(root: Path) -> None:
+    """Delete what killed saves and prunes left: dot-named step directories being made (holding at most the
+    ownership file) or being deleted (eigtrain's by their ownership file or marker)."""
+    for stale in [*root.glob(f".step-*{UNCLAIMED}"), *root.glob(f".step-*{DISCARDED}")]:
+        if not stale.is_dir() or stale.is_symlink():
+            continue
+        made = stale.name.endswith(UNCLAIMED) and {p.name for p in stale.iterdir()} <= {OWNER}
+        if made or (stale.name.endswith(DISCARDED) and is_ours(stale)):
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _delete(paths: list[Path]) -> list[Path]:
@@ -107,7 +137,7 @@ def _delete(paths: list[Path]) -> list[Path]:
             continue
         with unpinned(p) as free:
             if free:
-                shutil.rmtree(p, ignore_errors=True)
+                _discard(p)
                 deleted.append(p)
             else:
                 log.warning("%s is being read (eigtrain-rr or -eval): kept; a later save prunes it", p)

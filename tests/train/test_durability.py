@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from eigtrain import safe_files
 from eigtrain.runs import checkpoint as ckpt
 from eigtrain.schema import ModelConfig, SGDConfig, TrainConfig
 
@@ -29,7 +30,9 @@ def _record(monkeypatch) -> list[tuple[str, str]]:
     fsync, replace = os.fsync, os.replace
 
     def recording_fsync(fd):
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        final = safe_files.temporary_of(path.name)  # a file written through safe_files: synced before its rename
+        events.append(("fsync", str(path.with_name(final) if final else path)))
         return fsync(fd)
 
     def recording_replace(src, dst, **kwargs):
