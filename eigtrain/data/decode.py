@@ -68,6 +68,7 @@ class DecodeSpec:
     empty_image_shape: tuple[int, ...] = (3, 0, 0)  # shape of one image when a batch ends up empty
     empty_a_shape: tuple[int, ...] = (0,)
     defer_jpeg: bool = False  # views: hand JPEG bytes on undecoded, for a batched decode in the main process
+    max_pixels: int | None = None  # data.max_image_pixels: a larger image is unusable (a counted skip), never decoded
 
 
 def parse_keys(keys: str | Sequence[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -180,15 +181,43 @@ def _pil_draft_decode(data: bytes, channels: int, size: tuple[int, int], fit: st
     return torch.from_numpy(array.reshape(*array.shape[:2], -1).transpose(2, 0, 1).copy())
 
 
-def decode_image_bytes(data: bytes, channels: int, size: tuple[int, int] | None, fit: str = "cover") -> torch.Tensor:
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def stored_pixels(data: bytes) -> int | None:
+    """Width x height from the image's header, without decoding it (JPEG, PNG; else PIL's lazy open)."""
+    if data[:2] == JPEG_MAGIC:
+        known = jpeg_size(data)
+        return known[0] * known[1] if known else None
+    if data[:8] == PNG_MAGIC and len(data) >= 24:  # IHDR: width and height, big-endian, right after the signature
+        return int.from_bytes(data[16:20], "big") * int.from_bytes(data[20:24], "big")
+    try:
+        with Image.open(io.BytesIO(data)) as pil:  # reads the header only
+            return pil.size[0] * pil.size[1]
+    except Exception:  # noqa: BLE001  (not an image PIL knows: the decode says why)
+        return None
+
+
+def check_pixels(data: bytes, max_pixels: int | None) -> None:
+    """ValueError (the sample is unusable: a counted skip) for an image over the pixel budget, before any decode: a
+    219 KB PNG can hold 15,000 x 15,000 pixels (900 MB decoded)."""
+    pixels = stored_pixels(data) if max_pixels else None
+    if pixels is not None and max_pixels is not None and pixels > max_pixels:
+        raise ValueError(f"an image of {pixels:,} pixels, over data.max_image_pixels={max_pixels:,} (not decoded)")
+
+
+def decode_image_bytes(
+    data: bytes, channels: int, size: tuple[int, int] | None, fit: str = "cover", max_pixels: int | None = None
+) -> torch.Tensor:
     """Encoded image -> uint8 (channels, H, W), converted to grayscale (1) or RGB (3), brought to `size` by
     `fit` (see `decode_image_sized` for the valid size with ``fit="whole"``)."""
-    return decode_image_sized(data, channels, size, fit)[0]
+    return decode_image_sized(data, channels, size, fit, max_pixels)[0]
 
 
 def decode_image_sized(
-    data: bytes, channels: int, size: tuple[int, int] | None, fit: str = "cover"
+    data: bytes, channels: int, size: tuple[int, int] | None, fit: str = "cover", max_pixels: int | None = None
 ) -> tuple[torch.Tensor, tuple[int, int]]:
+    check_pixels(data, max_pixels)
     image = None
     if size is not None and data[:2] == JPEG_MAGIC:
         image = _pil_draft_decode(data, channels, size, fit)
@@ -213,16 +242,20 @@ def decode_sample(sample: dict, spec: DecodeSpec) -> dict:
     if spec.mode == "views":
         name, data = member(sample, spec.image_keys, "image")
         if spec.defer_jpeg and data[:2] == JPEG_MAGIC:
+            check_pixels(data, spec.max_pixels)  # decoded later on the device: the budget holds there too
             out["image"], out["size"], out["url"] = bytes(data), None, sample.get("__url__", "?")
         else:
-            out["image"], out["size"] = decode_image_sized(data, spec.channels, spec.image_size, spec.fit)
+            out["image"], out["size"] = decode_image_sized(
+                data, spec.channels, spec.image_size, spec.fit, spec.max_pixels
+            )
     else:
-        out["x"] = decode_image_bytes(member(sample, spec.image_keys, "x")[1], spec.channels, spec.image_size)
+        x = member(sample, spec.image_keys, "x")[1]
+        out["x"] = decode_image_bytes(x, spec.channels, spec.image_size, max_pixels=spec.max_pixels)
         name, data = member(sample, spec.a_keys, "a")
         if name.endswith("npy"):
             out["a"] = torch.from_numpy(np.load(io.BytesIO(data), allow_pickle=False).astype(np.float32))
         else:
-            out["a"] = decode_image_bytes(data, spec.a_channels, spec.image_size)
+            out["a"] = decode_image_bytes(data, spec.a_channels, spec.image_size, max_pixels=spec.max_pixels)
     out["label"] = -1 if spec.label_key is None else read_label(sample, spec.label_key)
     return out
 

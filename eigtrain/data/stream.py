@@ -129,9 +129,8 @@ class ShardStream:
             self.shards = list(zip(urls, counts))
             if sum(counts) == 0:
                 raise ValueError(f"the shards of {self.where} hold no samples")
-            self.spec = self._foreign_spec(
-                listed(data.image_key), data.label_key, listed(data.x_key), listed(data.a_key)
-            )
+            self.spec = self._foreign_spec(data)
+        self.spec = type(self.spec)(**{**vars(self.spec), "max_pixels": data.max_image_pixels})  # over it: undecoded
         self.num_samples = sum(n for _, n in self.shards)
 
         self.workers = max(data.num_workers, 1)  # num_workers=0 reads in this process, as one worker
@@ -202,7 +201,7 @@ class ShardStream:
             defer_jpeg=self.jpeg_device is not None,
         )
 
-    def _foreign_spec(self, image_key, label_key, x_key, a_key) -> DecodeSpec:
+    def _foreign_spec(self, data) -> DecodeSpec:
         """Fields of shards other tools wrote: images (`foreign_channels`) under configurable member names."""
         channels = self.foreign_channels
         size = (channels, *self.image_size) if self.image_size else (channels, 0, 0)
@@ -210,20 +209,20 @@ class ShardStream:
             return DecodeSpec(
                 "views",
                 channels,
-                parse_keys(image_key, IMAGE_EXTS),
-                label_key,
+                parse_keys(listed(data.image_key), IMAGE_EXTS),
+                data.label_key,
                 image_size=self.image_size,
                 fit=self.image_fit,
                 empty_image_shape=size,
                 defer_jpeg=self.jpeg_device is not None,
             )
-        a_keys = parse_keys(a_key, tuple("a." + e for e in IMAGE_EXTS) + ("a.npy",))
+        a_keys = parse_keys(listed(data.a_key), tuple("a." + e for e in IMAGE_EXTS) + ("a.npy",))
         a_kind = "vector" if all(k.endswith("npy") for k in a_keys) else "image"
         return DecodeSpec(
             "pairs",
             channels,
-            parse_keys(x_key, tuple("x." + e for e in IMAGE_EXTS)),
-            label_key,
+            parse_keys(listed(data.x_key), tuple("x." + e for e in IMAGE_EXTS)),
+            data.label_key,
             a_keys,
             a_kind,
             3,

@@ -31,6 +31,8 @@ def check_stream(
         raise ValueError(f"seed must be >= 0, got {seed}")
     if data.max_corrupt < 0:
         raise ValueError(f"max_corrupt must be >= 0, got {data.max_corrupt}")
+    if data.max_image_pixels < 1:
+        raise ValueError(f"data.max_image_pixels must be >= 1, got {data.max_image_pixels}")
     if one_pass and data.resampled:
         raise ValueError("one_pass=True reads every sample exactly once; it cannot be combined with resampled=True")
     if data.image_fit not in FITS:

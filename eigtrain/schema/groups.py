@@ -69,6 +69,7 @@ class DataConfig:
     view_size: Optional[List[int]] = None  # augmented view size [H, W]; null = the decoded image size
     resampled: bool = False  # draw shards with replacement (no epochs)
     max_corrupt: int = 10  # unusable samples skipped with a warning before the run stops
+    max_image_pixels: int = 89_478_485  # a stored image above this many pixels is unusable (a counted skip), undecoded
     augment: str = "digits"  # augmentation preset on the device: digits | cifar | imagenet | grayscale | none
     mean: Optional[List[float]] = None  # normalization; null = the augmentation preset's
     std: Optional[List[float]] = None  # normalization; null = the augmentation preset's

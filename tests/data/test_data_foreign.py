@@ -471,3 +471,39 @@ def test_pairs_mode_with_configured_member_names(tmp_path):
     batch = take(s, 1)[0]
     assert batch["x"].shape == (6, 3, 8, 8) and batch["a"].dtype == torch.float32
     assert batch["a"][:, 0].tolist() == batch["label"].float().tolist()  # x, a and the label stay together
+
+
+@pytest.mark.parametrize("jpeg_device", [None, "cpu"], ids=["workers", "batched"])
+def test_an_image_over_the_pixel_budget_is_a_counted_skip_never_decoded(tmp_path, jpeg_device):
+    """issue 52: three small PNGs of 15,000 x 15,000 pixels were decoded (+500 MB each). Over data.max_image_pixels
+    an image is unusable before any decode: skipped, counted, named past max_corrupt."""
+    from PIL import Image
+
+    big = io.BytesIO()
+    Image.new("L", (15000, 15000)).save(big, format="PNG")  # ~220 KB of zeros, 225 M pixels
+    samples = good_samples("p", 8)
+    samples[5] = {"__key__": "p-05", "png": big.getvalue(), "cls": 0}
+    write_shard(tmp_path / "p-0.tar", samples)
+    s = stream(
+        str(tmp_path / "p-0.tar"),
+        tmp_path / "cache",
+        batch_size=8,
+        image_key="jpg;png",
+        shuffle_block=0,
+        jpeg_device=jpeg_device,
+        image_size=[8, 8],
+    )
+    assert [len(b["key"]) for b in take(s, 1)] == [7] and s.corrupt_count == 1
+    strict = stream(
+        str(tmp_path / "p-0.tar"),
+        tmp_path / "cache",
+        batch_size=8,
+        image_key="jpg;png",
+        shuffle_block=0,
+        max_corrupt=0,
+        max_image_pixels=10**6,
+        jpeg_device=jpeg_device,
+        image_size=[8, 8],
+    )
+    with pytest.raises(CorruptDataError, match=r"key p-05: ValueError: an image of 225,000,000 pixels, over data"):
+        take(strict, 1)
