@@ -13,12 +13,14 @@ ranks (rank r reads global rows [N r / W, N (r + 1) / W)) and read `block` rows 
 
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 PAIR_KEYS = ("z1", "z2")
 NATIVE = (np.float16, np.float32, np.float64)  # read as stored: Rayleigh-Ritz converts them to float64 exactly
@@ -56,7 +58,7 @@ class PairChunk:
 def _open_safetensors(path: Path) -> PairChunk:
     from safetensors import safe_open
 
-    handle = safe_open(str(path), framework="pt")
+    handle = _numeric(path, lambda: safe_open(str(path), framework="pt"))
     missing = [k for k in PAIR_KEYS if k not in handle.keys()]
     if missing:
         raise EmbeddingFileError(f"{path} lacks tensor(s) {missing}; expected z1, z2 of shape N x d")
@@ -69,7 +71,7 @@ def _numeric(path: Path, load):
         return load()
     except EmbeddingFileError:
         raise
-    except (ValueError, OSError, EOFError) as error:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, SafetensorError) as error:  # truncated, not that format
         raise EmbeddingFileError(f"cannot read {path}: {error}") from None
 
 
@@ -102,7 +104,8 @@ def open_chunks(path: str) -> list[PairChunk]:
     if not root.exists():
         raise FileNotFoundError(f"embeddings {path} does not exist")
     if root.is_dir():
-        files = sorted(p for p in root.iterdir() if p.is_file())
+        # hidden files are not chunks: macOS's AppleDouble companions (._part-000.npz), editors' and eigtrain's temporaries
+        files = sorted(p for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
         orphans = [
             p.name
             for p in files
@@ -134,6 +137,10 @@ def open_chunks(path: str) -> list[PairChunk]:
 def _check_shapes(chunks: list[PairChunk], root: Path) -> None:
     widths = None
     for chunk in chunks:
+        for key in PAIR_KEYS:  # numbers only: complex, text, dates, booleans would be converted, or fail, silently
+            dtype = getattr(getattr(chunk, key), "dtype", None)
+            if dtype is not None and np.dtype(dtype).kind not in "fiu":
+                raise EmbeddingFileError(f"{root / chunk.name}: {key} holds {np.dtype(dtype)} values, not real numbers")
         s1, s2 = tuple(chunk.z1.shape), tuple(chunk.z2.shape)
         if len(s1) != 2 or len(s2) != 2:
             raise EmbeddingFileError(f"{root / chunk.name}: z1 {s1} and z2 {s2} must both be N x d")
