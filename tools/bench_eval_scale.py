@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--n-test", type=int, default=10000)
     parser.add_argument("--out", type=Path, default=None, help="append the record to this JSON list")
     args = parser.parse_args()
-    rows = []
+    rows, made_at = [], commit()  # the code that runs (the tree may change while a long run goes on)
     with tempfile.TemporaryDirectory() as tmp:
         for d in args.dims:
             arrays = fashion_pixels(args.n_train, args.n_test) if d == 784 else None
@@ -95,7 +95,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
     record = {
-        "commit": commit(),
+        "commit": made_at,
         "command": " ".join(sys.argv),
         "defaults": "eigtrain-eval features=FILE",
         "rows": rows,
