@@ -52,3 +52,18 @@ def test_each_fashion_step_of_the_device_script_fits_8_minutes_and_runs_real_rec
 def argparse_root(args):
     args.root = fashion_mnist_data.OUT[args.layout]
     return args
+
+
+def test_the_committed_report_is_what_its_json_says_and_the_readme_links_it():
+    """benchmarks/fashion_mnist.md is rendered from its .json (or, for an interrupted run, .partial.json, and then
+    says so) by tools/bench_fashion_mnist.py: rerender with --render after any change to either."""
+    import json
+
+    stem = REPO / "benchmarks" / "fashion_mnist"
+    data = stem.with_suffix(".json") if stem.with_suffix(".json").exists() else stem.with_suffix(".partial.json")
+    results = json.loads(data.read_text())
+    args = bench_fashion_mnist.parse(results["argv"])
+    expected = "\n".join(bench_fashion_mnist.report_lines(results, args, stem)) + "\n"
+    assert stem.with_suffix(".md").read_text() == expected, "stale: python tools/bench_fashion_mnist.py --render"
+    assert results.get("complete", True) or "**Partial" in expected
+    assert "(benchmarks/fashion_mnist.md)" in (REPO / "README.md").read_text()
