@@ -169,10 +169,7 @@ def evaluate(cfg) -> tuple[dict, dict]:
         train["jn"], test["jn"] = (embed_split(jn, s, device=device)[0] for s in (cfg.train_split, cfg.test_split))
     splits = (cfg.train_split, cfg.test_split)
     fixed = {int(ff.cfg.dim): tuple(embed_split(ff, s, device=device)[0] for s in splits) for ff in ffs}
-    dims = list(cfg.dims) if cfg.dims else dims_for(train_z.shape[1])
-    wrong = [k for k in dims if not 0 < k <= train_z.shape[1]]
-    if wrong:  # before any probe: a size the embedding does not have would be scored as d
-        raise ValueError(f"dims={dims}: {wrong[0]} is not a size of these {train_z.shape[1]}-dimensional features")
+    dims = _dims(cfg.dims, train_z.shape[1])
     backend = None if cfg.retrieval == "none" else retrieval.resolve_backend(cfg.retrieval)
     report = adaptive_dimension_table(
         train,
@@ -200,6 +197,15 @@ def evaluate(cfg) -> tuple[dict, dict]:
         report["retrieval_funnels"] = _funnels(head, train, test, dims)
     title = f"Accuracy (%) by representation size — {Path(cfg.run_dir or cfg.features).name}"
     return report, write_report(report, out, title)
+
+
+def _dims(given: list[int] | None, d: int) -> list[int]:
+    """The sizes scored, checked before any probe (a size the embedding does not have would be scored as d)."""
+    dims = list(given) if given else dims_for(d)
+    wrong = [k for k in dims if not 0 < k <= d]
+    if wrong:
+        raise ValueError(f"dims={dims}: {wrong[0]} is not a size of these {d}-dimensional features")
+    return dims
 
 
 def _export_notes(head, rr_dir: Path, dims: list[int], measured: dict) -> dict:

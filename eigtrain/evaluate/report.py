@@ -22,31 +22,7 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
     json_path = out / "report.json"  # the numbers first: a report that fails to render loses none of the work
     safe_files.write_text(json_path, json.dumps(report, indent=2, default=str) + "\n")
     dims, acc = report["dims"], report["accuracy"]
-    probe_note = (
-        "linear probe, SGD 50 epochs"
-        if report["probe"] == "sgd"
-        else "closed-form ridge probe (faster, not the paper's SGD probe)"
-    )
-    if report.get("probe_features") == "whitened":
-        probe_note += ", on each method's first k features whitened on the training split (it scores their span)"
-    lines = [
-        f"### {safe_files.one_line(title or 'Linear probe accuracy (%) by representation size')}",
-        "",
-        f"Probe: {probe_note}.",
-        "",
-    ]
-    if report.get("data"):
-        seen = " Embeddings l2-normalized, as the objective saw them." if report.get("input") == "l2_normalized" else ""
-        data = {split: safe_files.one_line(report["data"][split]) for split in ("train", "test")}  # others' values
-        lines += [f"Data: fitted on {data['train']}; scored on {data['test']}.{seen}", ""]
-    if report.get("weights"):  # which step each run was scored at (an unfinished run's newest checkpoint)
-        used = [
-            safe_files.one_line(f"{w['run_dir']} at {describe(w['weights'], w['step'], w['steps'])}")
-            for w in report["weights"]
-        ]
-        lines += [f"Weights: {'; '.join(used)}.", ""]
-    if report.get("rr_export"):  # whose weights the export was solved on (eigtrain.runs.provenance)
-        lines += [safe_files.one_line(provenance_line(report["rr_export"])), ""]
+    lines = _header_lines(report, title)
     lines.append("| Methods \\ Dims | " + " | ".join(str(k) for k in dims) + " |")
     lines.append("|---|" + "---|" * len(dims))
     for method, row in acc.items():
@@ -92,6 +68,37 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
         paths["retrieval_plot"] = out / "retrieval_vs_dim.png"
         _plot_retrieval(report, paths["retrieval_plot"], title.replace("Accuracy (%)", "Accuracy and retrieval (%)"))
     return paths
+
+
+def _header_lines(report: dict, title: str) -> list[str]:
+    """The title, the probe, the data each split came from, the weights and the export's provenance (values read from
+    someone's config or paths escaped to one line each)."""
+    probe_note = (
+        "linear probe, SGD 50 epochs"
+        if report["probe"] == "sgd"
+        else "closed-form ridge probe (faster, not the paper's SGD probe)"
+    )
+    if report.get("probe_features") == "whitened":
+        probe_note += ", on each method's first k features whitened on the training split (it scores their span)"
+    lines = [
+        f"### {safe_files.one_line(title or 'Linear probe accuracy (%) by representation size')}",
+        "",
+        f"Probe: {probe_note}.",
+        "",
+    ]
+    if report.get("data"):
+        seen = " Embeddings l2-normalized, as the objective saw them." if report.get("input") == "l2_normalized" else ""
+        data = {split: safe_files.one_line(report["data"][split]) for split in ("train", "test")}  # others' values
+        lines += [f"Data: fitted on {data['train']}; scored on {data['test']}.{seen}", ""]
+    if report.get("weights"):  # which step each run was scored at (an unfinished run's newest checkpoint)
+        used = [
+            safe_files.one_line(f"{w['run_dir']} at {describe(w['weights'], w['step'], w['steps'])}")
+            for w in report["weights"]
+        ]
+        lines += [f"Weights: {'; '.join(used)}.", ""]
+    if report.get("rr_export"):  # whose weights the export was solved on (eigtrain.runs.provenance)
+        lines += [safe_files.one_line(provenance_line(report["rr_export"])), ""]
+    return lines
 
 
 RR_PAPER = "RR (paper)"  # Rayleigh-Ritz in the paper's convention: the constant mode kept as feature 1

@@ -53,9 +53,8 @@ def adaptive_dimension_table(
     """Accuracy per method and dimension. train/test hold "rr" (Rayleigh-Ritz ordered features), optionally "jn"
     (a joint-nesting encoder's features) and "raw" (the unordered full features, for random selection and the PCA
     baseline). fixed maps k to the (train, test) features of a separately trained k-dimensional encoder.
-    retrieval_backend=None skips retrieval and timing; RS retrieval is the mean over `retrieval_draws` subsets.
-    RS draws subsets (up to `random_draws`) until its mean's standard error is at most `random_se` points
-    (`_draws_until`; 0: every draw); at k = d the one subset is every coordinate."""
+    retrieval_backend=None skips retrieval and timing. RS: up to `random_draws` subsets per k, until the mean's
+    standard error is at most `random_se` points (`_draws_until`); RS retrieval: the first `retrieval_draws`."""
     train, test = dict(train), dict(test)
     if pca and "raw" in train:
         train["pca"], test["pca"] = pca_features(train["raw"], test["raw"])
@@ -82,6 +81,7 @@ def adaptive_dimension_table(
             name = prefixes[label]
             score(label, {k: (train[name][:, :k], test[name][:, :k]) for k in dims})
     subsets = _random_subsets(train["raw"].shape[1], dims, random_draws, seed) if rs else {}
+    random_subsets: dict = {}  # how many subsets RS averaged at each k, and the standard error of that mean (points)
     if subsets:
         results["RS"], random_subsets = _subset_results(train["raw"], test["raw"], subsets, acc, progress, random_se)
     ordering = _ordering(train, test, results, dims, acc, progress) if "rr" in train else {}
@@ -96,14 +96,18 @@ def adaptive_dimension_table(
         "knn": {name: knn_accuracy(train[name], train_y, test[name], test_y) for name in train},
         "constant_share": constant_shares(test, prefixes, fixed),
         "paired": _paired(correct, seed),
+        **({"random_subsets": random_subsets} if random_subsets else {}),
     }
-    if subsets:  # how many subsets RS averaged at each k, and the standard error of that mean (points)
-        report["random_subsets"] = random_subsets
     if retrieval_backend is not None:
         progress.step("retrieval at every k")
         backend = retrieval.resolve_backend(retrieval_backend)
         args = (train, test, train_y, test_y, dims, prefixes, fixed, subsets, retrieval_draws, backend)
         report.update(retrieval.retrieval_report(*args))
+    return _with_smallest_k(report, results)
+
+
+def _with_smallest_k(report: dict, results: Mapping[str, Mapping[int, float]]) -> dict:
+    """The smallest k within 1 and 5 points of each method's full-dimension accuracy and 1-NN accuracy."""
     one_nn = {m: {k: v["1nn"] for k, v in r.items()} for m, r in report.get("retrieval", {}).items()}
     report["smallest_k"] = {
         m: {**_within(results.get(m), "accuracy"), **_within(one_nn.get(m), "1nn")} for m in results

@@ -332,10 +332,8 @@ LEGACY_RTOL = 1e-10  # the range cut of the basis-dependent modes (paper-*, svd)
 
 
 def default_rtol(acc: RRAccumulator, mode: str = "generalized") -> float:
-    """The generalized solve's range cut, from the precision of its input: a direction of the equilibrated Gram
-    whose standard deviation is within 4 machine epsilons of the input (float32: 4.8e-7) of the largest is the
-    input's rounding, not its signal; and none finer than the float64 Gram itself resolves (d * 2.2e-16). The
-    paper's modes and svd, which see the coordinates as they are, keep `LEGACY_RTOL`."""
+    """The generalized solve's range cut from its input's precision: an equilibrated direction within 4 input epsilons
+    of the largest (sd ratio) is rounding, and none finer than the float64 Gram (d * 2.2e-16); else `LEGACY_RTOL`."""
     if mode != "generalized" or acc.input_eps <= 0:
         return LEGACY_RTOL
     return max((4 * acc.input_eps) ** 2, acc.dim * torch.finfo(F64).eps)

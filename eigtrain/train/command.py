@@ -243,7 +243,9 @@ def _resume(
         rank_state.load_state_dict(saved_rank_state)
         log.info("resumed from %s (step %d)", latest, state.step)
     if rank0:  # every checkpoint from now on says what its steps are steps of (a new lineage: the new values)
-        state.identity = identity(composed, run_key(run_dir, create=True))
+        key = run_key(run_dir, create=True)
+        assert key is not None  # (create=True makes one)
+        state.identity = identity(composed, key)
     metrics = progress = None
     if rank0:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -288,6 +290,7 @@ def _check_point(overrides: list[str], config_name: str | None) -> None:
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: named below
 
     from eigtrain.cli import point_key
     from eigtrain.launch import launch
@@ -313,7 +316,7 @@ def _hydra_main(cfg: DictConfig) -> None:
                 result = launch(job.launcher, run, cfg, batches=batches, converted=job, loader_workers=workers)
             if result.get("stopped_on_signal"):
                 dist.leave_after_stop("eigtrain-train", result["step"], result["checkpoint"])
-    except Exception as exn:  # an expected failure is one line (eigtrain.train.failures); anything else as it is
+    except (Exception, CheckpointException) as exn:  # expected failures: one line (eigtrain.train.failures)
         line = failure_line(exn, cfg.run_dir)
         if line is None:
             raise

@@ -11,7 +11,7 @@ from eigtrain.schema import ConfigError
 from eigtrain.train.state import NonFiniteError
 
 
-def failure_line(exn: BaseException, run_dir: str) -> str | None:
+def failure_line(exn: BaseException, run_dir: str) -> str | None:  # noqa: PLR0911
     """The one line for an expected failure of a run in `run_dir`, or None (let it propagate)."""
     from torch.distributed.checkpoint.api import CheckpointException
 

@@ -484,26 +484,14 @@ def test_an_image_over_the_pixel_budget_is_a_counted_skip_never_decoded(tmp_path
     samples = good_samples("p", 8)
     samples[5] = {"__key__": "p-05", "png": big.getvalue(), "cls": 0}
     write_shard(tmp_path / "p-0.tar", samples)
-    s = stream(
-        str(tmp_path / "p-0.tar"),
-        tmp_path / "cache",
-        batch_size=8,
-        image_key="jpg;png",
-        shuffle_block=0,
-        jpeg_device=jpeg_device,
-        image_size=[8, 8],
-    )
+
+    def budget(**kw):
+        shard = str(tmp_path / "p-0.tar")
+        common = dict(batch_size=8, image_key="jpg;png", shuffle_block=0, jpeg_device=jpeg_device, image_size=[8, 8])
+        return stream(shard, tmp_path / "cache", **common, **kw)
+
+    s = budget()
     assert [len(b["key"]) for b in take(s, 1)] == [7] and s.corrupt_count == 1
-    strict = stream(
-        str(tmp_path / "p-0.tar"),
-        tmp_path / "cache",
-        batch_size=8,
-        image_key="jpg;png",
-        shuffle_block=0,
-        max_corrupt=0,
-        max_image_pixels=10**6,
-        jpeg_device=jpeg_device,
-        image_size=[8, 8],
-    )
+    strict = budget(max_corrupt=0, max_image_pixels=10**6)
     with pytest.raises(CorruptDataError, match=r"key p-05: ValueError: an image of 225,000,000 pixels, over data"):
         take(strict, 1)

@@ -103,5 +103,7 @@ def test_an_scl_run_is_reduced_and_evaluated_on_its_normalized_embeddings(digits
     stale = tmp_path / "stale_rr"
     shutil.copytree(run_dir / "rr", stale)
     save_file(load_file(str(stale / "rr.safetensors")), str(stale / "rr.safetensors"))  # no input: raw
+    manifest_of_old = {k: v for k, v in json.loads((stale / "manifest.json").read_text()).items() if k != "sha256"}
+    (stale / "manifest.json").write_text(json.dumps(manifest_of_old))  # an export from before the sha256 record
     assert eval_main([f"run_dir={run_dir}", f"rr={stale}", f"out={tmp_path / 'ev2'}", "retrieval=none"]) == 2
     assert "solved on raw embeddings" in capsys.readouterr().err and not (tmp_path / "ev2").exists()

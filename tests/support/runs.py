@@ -39,6 +39,20 @@ def clean_env(**extra):
     return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
+def start_trainer(args, tmp_path, stdout=subprocess.PIPE) -> subprocess.Popen:
+    """eigtrain-train with `args` as a subprocess in its own process group (a test signals it, or its whole group,
+    as a terminal, a scheduler or the OOM killer would); stderr piped, as text."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "eigtrain.train.command", *args],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def run_cli(args, tmp_path, timeout=300):
     return subprocess.run(
         [sys.executable, *args], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=timeout

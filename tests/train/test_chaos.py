@@ -8,12 +8,11 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.support.runs import clean_env, overrides
+from tests.support.runs import overrides, start_trainer
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -22,15 +21,7 @@ ARGS = (f"steps={STEPS}", "checkpoint_every=3", "data.num_workers=1", "keep_last
 
 
 def _start(run_dir, digits_root, tmp_path):
-    return subprocess.Popen(
-        [sys.executable, "-m", "eigtrain.train.command", *overrides(run_dir, digits_root, *ARGS)],
-        cwd=tmp_path,
-        env=clean_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return start_trainer(overrides(run_dir, digits_root, *ARGS), tmp_path, stdout=subprocess.DEVNULL)
 
 
 def _logged(run_dir) -> dict[int, str]:

@@ -119,7 +119,8 @@ def test_train_state_counts_steps_samples_and_skips_only_when_read():
 def test_train_state_round_trips_through_its_state_dict_and_loads_older_checkpoints():
     state = TrainState(torch.device("cpu"), batch_size=4, max_nonfinite_steps=10)
     state.load_state_dict({"step": 5, "samples": 20, "skipped_steps": 1, "wandb_id": "abc"})  # no skipped_batches yet
-    assert state.state_dict() == {"step": 5, "samples": 20, "skipped_steps": 1, "skipped_batches": 0, "wandb_id": "abc"}
+    expected = {"step": 5, "samples": 20, "skipped_steps": 1, "skipped_batches": 0, "wandb_id": "abc", "identity": None}
+    assert state.state_dict() == expected
     again = TrainState(torch.device("cpu"), batch_size=4, max_nonfinite_steps=10)
     again.load_state_dict(state.state_dict())
     assert again.state_dict() == state.state_dict()

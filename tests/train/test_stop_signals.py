@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.support.runs import clean_env, overrides
+from tests.support.runs import clean_env, overrides, start_trainer
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # real trainer subprocesses
 
@@ -33,15 +33,7 @@ def test_a_stop_signal_saves_at_the_step_boundary_and_leaves_with_one_line(digit
     run_dir = tmp_path / "run"
     workers = 0 if signum == signal.SIGTERM else 2
     args = overrides(run_dir, digits_root, "steps=100000", "checkpoint_every=100000", f"data.num_workers={workers}")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "eigtrain.train.command", *args],
-        cwd=tmp_path,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group: the test's Ctrl-C reaches the trainer and its workers only
-    )
+    proc = start_trainer(args, tmp_path)  # its own process group: the test's Ctrl-C reaches the trainer and workers
     _started_steps(run_dir, proc)
     if signum != signal.SIGTERM:
         os.killpg(proc.pid, signum)
@@ -85,15 +77,7 @@ def test_a_data_worker_killed_ends_the_run_with_one_line_and_its_checkpoints(dig
 
     run_dir = tmp_path / "run"
     args = overrides(run_dir, digits_root, "steps=100000", "checkpoint_every=2", "data.num_workers=2")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "eigtrain.train.command", *args],
-        cwd=tmp_path,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_trainer(args, tmp_path)
     deadline = time.monotonic() + 120
     while not list((run_dir / "checkpoints").glob("step-*/COMPLETE")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]

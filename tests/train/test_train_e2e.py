@@ -11,8 +11,9 @@ import eigtrain.train.command as train_module
 from eigtrain import dist
 from eigtrain.objectives import build_objective
 from eigtrain.runs import checkpoint as ckpt
-from eigtrain.train.command import NonFiniteError, compose_config, run
+from eigtrain.train.command import compose_config, run
 from eigtrain.train.metrics_log import read_metrics
+from eigtrain.train.state import NonFiniteError
 from tests.support.faulty import faulty_objectives
 from tests.support.runs import KILL_WRAPPER, assert_same_final_weights, losses, overrides, run_cli
 
