@@ -21,18 +21,16 @@ def failure_line(exn: BaseException, run_dir: str) -> str | None:  # noqa: PLR09
         return f"eigtrain-train: {exn}"
     if isinstance(exn, (ShardError, TimeoutError)):  # a shard that cannot be read, a stalled source: naming it
         return f"eigtrain-train: data error: {exn}"
+    if isinstance(exn, ConnectionError) or (isinstance(exn, RuntimeError) and "DataLoader worker" in str(exn)):
+        return _dead_worker(exn)  # e.g. the OOM killer took a reader: its queue breaks, or the loader says so
     if isinstance(exn, OutputError):  # eigtrain.safe_files': its message names the file and the cause
         return f"eigtrain-train: {exn.strerror}"
     if isinstance(exn, OSError):  # a full disk, a read-only run directory: naming the file
         return f"eigtrain-train: cannot write {exn.filename or 'the run'}: {exn.strerror or exn}"
     if isinstance(exn, ValueError):  # found once the data is read (e.g. too few samples for one batch per worker)
         return f"eigtrain-train: {exn}"
-    if isinstance(exn, RuntimeError) and "DataLoader worker" in str(exn):  # e.g. the OOM killer took a reader
-        return (
-            f"eigtrain-train: data error: {str(exn).splitlines()[0].rstrip('. ')}: a data worker died (killed for "
-            f"memory?); run the same command again to resume from the last checkpoint, with fewer data.num_workers "
-            f"if it recurs"
-        )
+    if isinstance(exn, CheckpointException) and any("DataLoader worker" in str(e) for e, _ in exn.failures.values()):
+        return _dead_worker(next(e for e, _ in exn.failures.values() if "DataLoader worker" in str(e)))  # (mid-save)
     if isinstance(exn, CheckpointException):  # torch.distributed.checkpoint's, one per failed rank; a full disk
         errors = {f"{type(e).__name__}: {str(e).splitlines()[0]}" for e, _ in exn.failures.values()}
         free = shutil.disk_usage(run_dir).free
@@ -41,3 +39,16 @@ def failure_line(exn: BaseException, run_dir: str) -> str | None:  # noqa: PLR09
             f"{'; '.join(sorted(errors))}"
         )
     return None
+
+
+def _dead_worker(exn: BaseException) -> str:
+    """The line for a data worker that died mid-run. The loader's own finalizer would then print its traceback as the
+    process ends ("Exception ignored in ... __del__"): silenced, the one line says it all."""
+    import sys
+
+    sys.unraisablehook = lambda unraisable: None
+    what = str(exn).splitlines()[0].rstrip(". ") if str(exn) else type(exn).__name__
+    return (
+        f"eigtrain-train: data error: {what}: a data worker died (killed for memory?); run the same command again "
+        f"to resume from the last checkpoint, with fewer data.num_workers if it recurs"
+    )

@@ -88,5 +88,5 @@ def test_a_data_worker_killed_ends_the_run_with_one_line_and_its_checkpoints(dig
     _, err = proc.communicate(timeout=120)
     last = err.strip().splitlines()[-1]
     assert proc.returncode != 0 and "Traceback" not in err, err[-3000:]
-    assert last.startswith("eigtrain-train: data error: DataLoader worker (pid") and "a data worker died" in last
+    assert last.startswith("eigtrain-train: data error: ") and "a data worker died" in last, last
     assert list((run_dir / "checkpoints").glob("step-*/COMPLETE"))
