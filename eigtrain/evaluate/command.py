@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from eigtrain import safe_files
 from eigtrain.dist import resolve_env, select_device
 from eigtrain.evaluate import retrieval
 from eigtrain.evaluate.probes import spectrum_report
@@ -97,6 +98,19 @@ def _load_features(path: str):
 FEATURE_ARRAYS = ("train_z", "train_y", "test_z", "test_y")
 
 
+def class_ids(train_y: torch.Tensor, test_y: torch.Tensor, sources: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """A run's labels as class ids 0..C-1 (only their equality counts: a label of 10**12 is one class); a negative
+    label (-1 often marks an unlabelled sample) is refused in one line naming the split's data."""
+    for split, y in (("train", train_y), ("test", test_y)):
+        if len(y) and int(y.min()) < 0:
+            raise ValueError(
+                f"the {split} split ({safe_files.one_line(sources[split])}) holds {int((y < 0).sum())} of {len(y)} "
+                f"samples with a negative label ({int(y.min())}): the probes score class labels (integers >= 0)"
+            )
+    ids = torch.unique(torch.cat([train_y, test_y]), return_inverse=True)[1]
+    return ids[: len(train_y)], ids[len(train_y) :]
+
+
 def _check_features(path: str, arrays: dict) -> None:
     """One line naming the file and the array for what the evaluation could not use."""
     import numpy as np
@@ -155,6 +169,7 @@ def evaluate(cfg) -> tuple[dict, dict]:
         (train_z, train_y), (test_z, test_y) = (
             embed_split(run, s, device=device) for s in (cfg.train_split, cfg.test_split)
         )
+        train_y, test_y = class_ids(train_y, test_y, sources)
         nested, out = run.cfg.nesting.mode != "none", Path(cfg.out or run.run_dir / "eval")
     train, test = {"raw": train_z}, {"raw": test_z}
     rr_dir = cfg.rr or (Path(cfg.run_dir) / "rr" if cfg.run_dir else None)

@@ -28,11 +28,12 @@ import torch
 from eigtrain import dist as edist
 from eigtrain.cli import asks_for_help, compose_dataclass, one_line_errors
 from eigtrain.export import embedding_files
-from eigtrain.export.files import check_export_target, rr_manifest, save_export
+from eigtrain.export.files import claimed_target, rr_manifest, save_export
 from eigtrain.export.moments import RRAccumulator
 from eigtrain.export.prefixes import cut_errors, cuts_report, order_ties, tie_groups, undetermined_cuts
 from eigtrain.export.raw_span import paper_convention
 from eigtrain.export.rayleigh_ritz import MODES, TRIVIAL, centered, default_rtol, solve
+from eigtrain.export.rr_lines import cuts_line, dimensions_line, ties_line
 from eigtrain.export.run_data import RunDataConfig
 from eigtrain.runs.checksums import file_sha256, files_sha256
 from eigtrain.runs.run_step import describe
@@ -204,59 +205,12 @@ def with_cuts(result, acc: RRAccumulator, cfg: RRJobConfig, trivial: str):
     return result
 
 
-def dimensions_line(dims: dict) -> str:
-    """One line on how the embedding's dimensions were spent (both sides for svd)."""
-    sides = [("", dims)] + ([("a-side: ", dims["right"])] if "right" in dims else [])
-    parts = [
-        f"{p}{d['features']} ordered features from {d['dim']} dimensions ({d['dead']} dead, {d['dependent']} "
-        f"dependent{', 1 spanning the constant' if d['constant'] else ''})"
-        for p, d in sides
-    ]
-    return "eigtrain-rr: " + "; ".join(parts)
-
-
-def cuts_line(cuts: dict, width: int) -> str:
-    """One line on which prefixes the data determine (rr_prefixes.cut_errors), with the folds. sizes."""
-    bad = cuts["undetermined"]
-    if not bad:
-        return (
-            f"eigtrain-rr: the data determine every cut of the {width} features ({len(cuts['folds_n'])} folds of "
-            f"{min(cuts['folds_n'])}+ samples): every prefix is the span of the top-k estimated eigenfunctions"
-        )
-    shown = _spans(bad)
-    return (
-        f"eigtrain-rr: the data do not determine the cut after feature(s) {shown} of {width} (the gap there is "
-        f"within its sampling noise across folds): a prefix ending there is one of several equally good ones; "
-        f"every other prefix is determined"
-    )
-
-
 def untested_reason(cfg: RRJobConfig, acc: RRAccumulator) -> str:
     if cfg.mode != "generalized":
         return f"mode={cfg.mode} is not the generalized solve"
     if acc.fold_sizes is None:
         return "two encoders" if acc.pairs else "no folds kept"
     return f"a fold of the {cfg.folds} holds fewer than 2 samples"
-
-
-def _spans(numbers: list[int], most: int = 12) -> str:
-    """1, 2, 3, 7 -> '1-3, 7' (at most `most` spans, then how many more)."""
-    spans: list[list[int]] = []
-    for k in numbers:
-        if spans and k == spans[-1][1] + 1:
-            spans[-1][1] = k
-        else:
-            spans.append([k, k])
-    text = [f"{a}" if a == b else f"{a}-{b}" for a, b in spans[:most]]
-    return ", ".join(text) + (f" and {len(spans) - most} more" if len(spans) > most else "")
-
-
-def ties_line(ties: dict) -> str:
-    """One line on the groups reordered by variance (ties=variance)."""
-    spans = ", ".join(f"{a}-{b}" for a, b in ties["groups"])
-    return (
-        f"eigtrain-rr: ties=variance: features {spans} reordered by the embedding's variance (not the kernel's order)"
-    )
 
 
 def select_device(cfg: RRJobConfig, env) -> torch.device:
@@ -269,10 +223,13 @@ def run(cfg: RRJobConfig) -> dict:
     # The backend follows the device (NCCL whenever CUDA is visible failed on embeddings= and device=cpu)
     device = torch.device("cpu") if cfg.embeddings else select_device(cfg, env)
     edist.init_distributed(env, backend=edist.backend_for(device))
-    pairs = cfg.mode == "svd"
     target = cfg.out or (cfg.run_dir and Path(cfg.run_dir) / "rr")
-    if target:  # before any work: never replace what eigtrain-rr did not write
-        check_export_target(Path(target), cfg.overwrite)
+    with claimed_target(target, cfg.overwrite, env.rank):  # before any work: never replace what it did not write
+        return _solve_and_save(cfg, env, device)
+
+
+def _reduce(cfg: RRJobConfig, env, device: torch.device, pairs: bool) -> tuple:
+    """The moments of cfg's source: (accumulator, the sample count expected, the source's description, out)."""
     if cfg.embeddings:
         acc, expected = reduce_embeddings(cfg.embeddings, pairs, env.rank, env.world_size, folds=cfg.folds)
         path = Path(cfg.embeddings)
@@ -282,18 +239,21 @@ def run(cfg: RRJobConfig) -> dict:
             "sha256": (files_sha256(path) if path.is_dir() else file_sha256(path)) if env.rank == 0 else None,
         }
         assert cfg.out is not None  # RRJobConfig requires out= with embeddings= and encoder=
-        out = Path(cfg.out)
-    elif cfg.encoder.name:
+        return acc, expected, source, Path(cfg.out)
+    if cfg.encoder.name:
         from eigtrain.export.embed import reduce_external
 
         acc, expected, source = reduce_external(cfg, env, device)
         assert cfg.out is not None  # RRJobConfig requires out= with embeddings= and encoder=
-        out = Path(cfg.out)
-    else:
-        from eigtrain.export.embed import reduce_encoder  # needs the trainer's checkpoint loading
+        return acc, expected, source, Path(cfg.out)
+    from eigtrain.export.embed import reduce_encoder  # needs the trainer's checkpoint loading
 
-        acc, expected, source, default_out = reduce_encoder(cfg, env, pairs, device)
-        out = Path(cfg.out or default_out)
+    acc, expected, source, default_out = reduce_encoder(cfg, env, pairs, device)
+    return acc, expected, source, Path(cfg.out or default_out)
+
+
+def _solve_and_save(cfg: RRJobConfig, env, device: torch.device) -> dict:
+    acc, expected, source, out = _reduce(cfg, env, device, pairs=cfg.mode == "svd")
     acc.all_reduce()
     if acc.n != expected:
         raise RuntimeError(

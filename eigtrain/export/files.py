@@ -3,11 +3,14 @@ loader that turns an export into a truncatable head z -> (z - mean) @ transform[
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -15,10 +18,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 
+from eigtrain import safe_files
 from eigtrain.export.prefixes import spectral_k_report
 from eigtrain.export.rayleigh_ritz import IN_SPAN_TOL, RRResult
 from eigtrain.redact import redact_config
 from eigtrain.runs.checksums import file_sha256
+from eigtrain.runs.lock import RunDirInUse, lock_directory, release_directory
 
 TENSORS = "rr.safetensors"
 MANIFEST = "manifest.json"
@@ -64,6 +69,37 @@ def check_export_target(out_dir: str | os.PathLike, overwrite: bool) -> None:
         raise ExportTargetError(f"out={out} already holds an eigtrain-rr export; pass overwrite=true to replace it")
 
 
+@contextlib.contextmanager
+def claimed_target(out_dir: str | os.PathLike | None, overwrite: bool, rank: int) -> Iterator[None]:
+    """Check `out=` before any work (`check_export_target`) and, on rank 0, hold it for the whole job: an exclusive
+    flock on the directory (made empty when missing), so a second eigtrain-rr into the same out= is refused in one
+    line at its start instead of replacing the first one's export at its end. An empty directory this job made is
+    removed when the job fails (rmdir: never a directory with anything in it)."""
+    if out_dir is None:
+        yield
+        return
+    out = Path(out_dir)
+    check_export_target(out, overwrite)
+    if rank != 0:
+        yield
+        return
+    made = not out.exists()
+    safe_files.make_dir(out)
+    try:
+        lock = lock_directory(out)
+    except RunDirInUse:
+        raise ExportTargetError(
+            f"out={out} is being written by another eigtrain-rr: wait for it to end, or choose another out="
+        ) from None
+    try:
+        yield
+    finally:
+        release_directory(lock)
+        if made:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only the empty directory a failed job leaves; the export (not empty) stays
+
+
 def save_export(
     result: RRResult, out_dir: str | os.PathLike, source: dict, plot: bool = True, overwrite: bool = False
 ) -> Path:
@@ -78,17 +114,31 @@ def save_export(
     try:
         _write_export(result, staging, source, plot)
         staging.chmod(0o755)  # mkdtemp makes it private
-        if out.exists() and any(out.iterdir()):
+        if overwrite and out.exists() and any(out.iterdir()):
             old = out.with_name(f".{out.name}.{os.getpid()}.old")
             out.rename(old)
             staging.rename(out)
             _remove_export(old)
         else:
-            staging.rename(out)  # a missing path, or an empty directory (replaced by the rename)
+            _rename_no_replace(staging, out)
     finally:
         if staging.exists():
             shutil.rmtree(staging)  # made by mkdtemp above: wholly this call's
     return out
+
+
+def _rename_no_replace(staging: Path, out: Path) -> None:
+    """Move the finished export to a missing path or over an empty directory; a directory someone filled meanwhile
+    (the kernel refuses to rename over a non-empty one) is one line, and stays as it is."""
+    try:
+        staging.rename(out)
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+            raise
+        raise ExportTargetError(
+            f"out={out} was filled by another writer while this export was made: it is left as it is; run again "
+            f"with another out= (or overwrite=true to replace an export)"
+        ) from None
 
 
 def _remove_export(path: Path) -> None:

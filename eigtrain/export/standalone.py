@@ -13,6 +13,7 @@ metadata_props key `eigtrain`), beside the format tag that marks a file eigtrain
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import sys
@@ -145,12 +146,16 @@ def example_input(metadata: dict, batch: int = 2) -> torch.Tensor:
     return torch.rand(batch, *metadata["input"]["shape"][1:], generator=generator)
 
 
-def write_torchscript(model: nn.Module, metadata: dict, path: Path) -> None:
+def torchscript_bytes(model: nn.Module, metadata: dict) -> bytes:
+    """The traced model serialized in memory: torch.jit.save's own file writer aborts the process (SIGABRT, a C++
+    frame dump) when the disk fills or `ulimit -f` is reached; eigtrain writes the bytes, one line on failure."""
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated, yet the one torch-only format
         warnings.simplefilter("ignore", torch.jit.TracerWarning)  # a ViT's image-size assert: the size is fixed
         traced = torch.jit.trace(model, example_input(metadata), check_trace=False)
-        torch.jit.save(traced, str(path), _extra_files={META_NAME: json.dumps(metadata)})
+        buffer = io.BytesIO()
+        torch.jit.save(traced, buffer, _extra_files={META_NAME: json.dumps(metadata)})
+    return buffer.getvalue()
 
 
 def require_onnx() -> None:
@@ -165,30 +170,26 @@ def require_onnx() -> None:
         ) from None
 
 
-def write_onnx(model: nn.Module, metadata: dict, path: Path) -> None:
+def onnx_bytes(model: nn.Module, metadata: dict) -> bytes:
     """torch.onnx.export's torch.export-based exporter (dynamo=True; the TorchScript-based one is deprecated): one
-    self-contained file with a dynamic batch axis, which onnxruntime loads; the metadata is added as metadata_props
-    with the onnx package."""
-    import onnx
-
+    self-contained model with a dynamic batch axis, which onnxruntime loads, serialized in memory with the metadata
+    added as metadata_props (eigtrain writes the bytes: one line when the disk fills)."""
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad(), contextlib.redirect_stdout(sys.stderr):  # the exporter's progress lines: not our output
-        torch.onnx.export(
+        program = torch.onnx.export(
             model,
             (example_input(metadata),),
-            str(path),
             input_names=["images"],
             output_names=["features"],
             dynamic_shapes={"images": {0: batch}},
             opset_version=ONNX_OPSET,
             dynamo=True,
-            external_data=False,
             verbose=False,
         )
-    proto = onnx.load(str(path))
+    proto = program.model_proto
     entry = proto.metadata_props.add()
     entry.key, entry.value = ONNX_META_KEY, json.dumps(metadata)
-    onnx.save(proto, str(path))
+    return proto.SerializeToString()
 
 
 def read_metadata(path: str | os.PathLike) -> dict | None:
@@ -231,13 +232,10 @@ def export_standalone(cfg: ExportConfig) -> dict:
     if cfg.format == "onnx":
         require_onnx()
     model, metadata = build_standalone(str(cfg.run_dir), cfg.rr)
-    out.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(tmp: Path) -> None:  # a fresh temporary beside out= (eigtrain.safe_files), renamed over it when whole
-        (write_onnx if cfg.format == "onnx" else write_torchscript)(model, metadata, tmp)
-        check_target(out, cfg.overwrite)  # again: something may have appeared there meanwhile
-
-    safe_files.write_with(out, write)
+    data = (onnx_bytes if cfg.format == "onnx" else torchscript_bytes)(model, metadata)
+    safe_files.make_dir(out.parent)
+    check_target(out, cfg.overwrite)  # again: something may have appeared there meanwhile
+    safe_files.write_bytes(out, data)  # a fresh temporary beside out=, fsynced, renamed over it when whole
     return metadata
 
 

@@ -155,7 +155,7 @@ def check_resume(
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "changed": {k: list(v) for k, v in changed.items()},
     }
-    with open(Path(run_dir) / LINEAGE_FILE, "a") as f:
+    with safe_files.open_append(Path(run_dir) / LINEAGE_FILE) as f:  # a planted link is refused, never followed
         f.write(json.dumps(record, default=str) + "\n")
     log.warning("new lineage from step %d: %s changed%s (recorded in %s)", step, key, more, LINEAGE_FILE)
     return ""

@@ -4,6 +4,9 @@
   the tag, as a `SavedConfigError` (a ValueError: every command reports it as such).
 - No YAML aliases: eigtrain writes none (its configs are resolved into fresh containers before they are written),
   and nested aliases are how a 2 KB file expands to gigabytes (nine levels hung eigtrain-rr).
+- The file must be the one eigtrain wrote: its sha256 is recorded in the run's ``checksums.json`` when it is written,
+  and a config.yaml changed since (an edit, a truncation) is refused in one line naming it. (The record guards
+  against accidents, not against someone who can also rewrite ``checksums.json``: the checks above hold anyway.)
 - No interpolation is ever resolved: a value that calls a resolver (``${oc.env:AWS_SECRET_ACCESS_KEY}``,
   ``${oc.decode:...}``) is refused in one line naming the key, and a plain ``${NAME}`` (a shell variable in a pipe:
   command, written escaped on the command line) stays those characters, for the shell. ``???`` (a value never
@@ -19,6 +22,8 @@ from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
+
+from eigtrain.runs.checkpoint_verify import recorded_mismatch
 
 MAX_BYTES = 4 << 20  # a saved config is a few kilobytes
 _RESOLVER = re.compile(r"\$\{[^}]*:")  # ${name:...}: a resolver call
@@ -59,6 +64,8 @@ def _as_data(value: Any, path: Path, key: str = "") -> Any:
 def load_saved_config(path: str | os.PathLike) -> DictConfig:
     """`path` (a run's config.yaml) as an OmegaConf config of plain values, or `SavedConfigError` in one line."""
     path = Path(path)
+    if path.name == "config.yaml" and (problem := recorded_mismatch(path.parent, path.name)):
+        raise SavedConfigError(f"{problem}: the run's settings are read only from the config.yaml it wrote")
     try:
         with open(path, "rb") as handle:
             text = handle.read(MAX_BYTES + 1)

@@ -21,6 +21,7 @@ import torch
 from eigtrain import safe_files
 from eigtrain.redact import redact_config, redacted_argv
 from eigtrain.runs.checkpoint import MODEL_INFO_NAME
+from eigtrain.runs.checkpoint_verify import record_file
 from eigtrain.schema import WandbConfig
 
 WANDB_MODES = ("offline", "online", "disabled")
@@ -265,6 +266,7 @@ def write_run_records(run_dir: Path, config_yaml: str, model_info: Mapping[str, 
     """config.yaml (resolved), model.json (what the encoder was built for), environment.json."""
     run_dir = Path(run_dir)
     safe_files.write_text(run_dir / "config.yaml", config_yaml)
+    record_file(run_dir, "config.yaml")  # readers verify it (eigtrain.runs.saved_config)
     safe_files.write_text(run_dir / MODEL_INFO_NAME, json.dumps(dict(model_info)))
     safe_files.write_text(run_dir / "environment.json", json.dumps(run_environment(repo_dir), indent=1))
 

@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 
 from eigtrain.evaluate.command import main as eval_main
+from tests.safety import test_bad_input as bad_input
 from tests.safety.test_bad_input import _last_line, _redirect_stderr
+from tests.safety.test_run_dir_safety import template  # noqa: F401  (a fixture)
+
+world = bad_input.world
 
 
 def arrays(n: int = 60, d: int = 6, seed: int = 0) -> dict:
@@ -76,3 +80,25 @@ def test_labels_are_class_ids_whatever_their_values(tmp_path):
     assert run(tmp_path / "b", "dims=[6]", **big)[0] == 0
     accuracy = [json.loads((tmp_path / x / "ev" / "report.json").read_text())["accuracy"] for x in "ab"]
     assert accuracy[0] == accuracy[1]
+
+
+def test_a_run_whose_shards_hold_negative_or_huge_labels(world, template):  # noqa: F811
+    """The run_dir= path: labels come with the images. A negative label (-1, the usual 'unlabelled') is one line
+    naming the split's data (one_hot's traceback before); labels of 10**12 are one class like the features= path's."""
+    from tests.safety.test_run_dir_safety import eval_, trained
+    from tests.support.foreign_shards import good_samples
+
+    run = trained(world, template)
+    samples = good_samples("v0", 6)
+    for sample in samples[:2]:
+        sample["cls"] = -1
+    code, message = eval_(
+        world, f"run_dir={run}", f"out={world.tmp / 'ev'}", f"data.val_shards={world.shard('neg.tar', samples)}"
+    )
+    assert code == 2 and "the test split" in message and "2 of 6 samples with a negative label (-1)" in message, message
+    for sample in samples:
+        sample["cls"] = 10**12 + sample["cls"] % 3
+    code, message = eval_(
+        world, f"run_dir={run}", f"out={world.tmp / 'ev'}", f"data.val_shards={world.shard('big.tar', samples)}"
+    )
+    assert code == 0, message

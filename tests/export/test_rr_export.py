@@ -238,3 +238,41 @@ def test_export_appears_only_when_complete(tmp_path, monkeypatch):
     assert rr_main([f"embeddings={path}", f"out={out}", "center=true", "overwrite=true"]) == 0  # replaced
     assert json.loads((out / "manifest.json").read_text())["source"]["center"] is True
     assert sorted(p.name for p in tmp_path.iterdir()) == ["emb.npz", "rr"]
+
+
+def test_a_second_rr_into_one_out_is_refused_at_its_start(tmp_path, capsys):
+    """Two eigtrain-rr into one out=: the second is refused in one line before any work (the first holds out=),
+    and a failed job leaves no empty directory of its own making."""
+    from eigtrain.export.files import claimed_target
+
+    path, *_ = _embeddings(tmp_path)
+    out = tmp_path / "rr"
+    with claimed_target(out, overwrite=False, rank=0):  # the first eigtrain-rr, still solving
+        assert rr_main([f"embeddings={path}", f"out={out}"]) == 2
+        assert "being written by another eigtrain-rr" in capsys.readouterr().err
+        assert list(out.iterdir()) == []
+    assert not out.exists()  # the first one failed (left the block without an export): its empty directory goes
+    assert rr_main([f"embeddings={path}", f"out={out}"]) == 0
+
+
+def test_an_export_that_appears_meanwhile_is_never_replaced_without_overwrite(tmp_path, monkeypatch, capsys):
+    """Another writer fills out= while this export is made (a writer that holds no lock: an older eigtrain, a
+    copy): the rename refuses to replace it, in one line; it was replaced silently before."""
+    import eigtrain.export.files as export
+
+    path, *_ = _embeddings(tmp_path)
+    other = tmp_path / "other"
+    assert rr_main([f"embeddings={path}", f"out={other}", "center=true"]) == 0
+    out = tmp_path / "rr"
+    write = export._write_export
+
+    def and_meanwhile(result, staging, source, plot):
+        write(result, staging, source, plot)
+        for name in ("rr.safetensors", "manifest.json"):
+            (out / name).write_bytes((other / name).read_bytes())
+
+    monkeypatch.setattr(export, "_write_export", and_meanwhile)
+    assert rr_main([f"embeddings={path}", f"out={out}"]) == 2
+    assert "was filled by another writer" in capsys.readouterr().err
+    assert (out / "rr.safetensors").read_bytes() == (other / "rr.safetensors").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["emb.npz", "other", "rr"]  # no staging left

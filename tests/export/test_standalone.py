@@ -177,3 +177,42 @@ def test_onnx_without_its_packages_is_one_line_before_any_work(exported_run, tmp
     line = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in line and "pip install 'eigtrain[onnx]'" in line, line
     assert not (tmp_path / "m.onnx").exists()
+
+
+def _export_in_child(run_dir, out, fmt: str, file_limit: int | None = None):
+    """eigtrain-export in a child process (an abort there cannot take the test with it), under `ulimit -f`."""
+    import resource
+
+    def limit():
+        if file_limit is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
+
+    code = "import sys; from eigtrain.export.standalone import main; sys.exit(main(sys.argv[1:]))"
+    args = [sys.executable, "-c", code, f"run_dir={run_dir}", f"format={fmt}", f"out={out}"]
+    return subprocess.run(args, capture_output=True, text=True, preexec_fn=limit, env=clean_env(), timeout=300)
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+def test_a_file_size_limit_or_a_full_disk_is_one_line_and_leaves_nothing(exported_run, tmp_path, fmt):
+    """EFBIG (`ulimit -f`) and ENOSPC (a small tmpfs) while the file is written: one line naming out= and the
+    cause, exit 2, no temporary left (torch.jit.save aborted the process with a C++ frame dump before)."""
+    pytest.importorskip("onnx") if fmt == "onnx" else None
+    out = tmp_path / f"model.{fmt}"
+    done = _export_in_child(exported_run, out, fmt, file_limit=16 * 1024)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "file size limit" in lines[0] and str(out) in lines[0], lines
+    assert list(tmp_path.iterdir()) == []
+    from tests.safety.test_bad_input import _mount
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if not _mount(disk, "size=64k"):
+        pytest.skip("no tmpfs to fill (needs root)")
+    try:
+        done = _export_in_child(exported_run, disk / "model", fmt)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and "the disk is full" in lines[0], done.stderr[-2000:]
+        assert list(disk.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(disk)])

@@ -64,3 +64,19 @@ def test_a_marker_naming_no_checksum_file_skips_the_step(world, template, checks
         outcome = rr(world, f"run_dir={run}", f"out={world.tmp / 'rr'}")
     assert outcome.code == 0 and "Traceback" not in outcome.message, outcome  # step-1 verifies
     assert "skipping checkpoint" in caplog.text and "step-2" in caplog.text
+
+
+def test_a_changed_config_yaml_is_refused_naming_it(world, template):  # noqa: F811
+    """config.yaml is recorded in checksums.json when written; one cut short or edited (here: another width, which
+    eigtrain-rr would have built an encoder for) is refused by every reader in one line naming it."""
+    run = trained(world, template)
+    assert json.loads((run / "checksums.json").read_text())["files"]["config.yaml"]
+    saved = (run / "config.yaml").read_text()
+    assert "\ndim: " in saved
+    for changed in (saved.replace("\ndim: ", "\ndim: 1"), saved[:1024]):
+        (run / "config.yaml").write_text(changed)
+        outcome = rr(world, f"run_dir={run}", f"out={world.tmp / 'rr'}")
+        assert outcome.code == 2 and "\n" not in outcome.message, outcome
+        assert "config.yaml does not match the sha256 recorded" in outcome.message, outcome
+    (run / "config.yaml").write_text(saved)
+    assert rr(world, f"run_dir={run}", f"out={world.tmp / 'rr'}").code == 0

@@ -12,6 +12,7 @@ from eigtrain.data.pipe_trust import PipeNotAllowed, check_saved_sources, runs_c
 from eigtrain.evaluate.command import main as eval_main
 from eigtrain.export.command import main as rr_main
 from eigtrain.export.embed import embed_split, open_run
+from eigtrain.runs.checkpoint_verify import record_file
 from tests.support.foreign_shards import N_TRAIN, TRAIN_PER_CLASS, VAL_PER_CLASS, train_overrides, write_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
@@ -44,6 +45,7 @@ def saved_with(run_dir: Path, **data) -> Path:
     cfg = OmegaConf.load(run_dir / "config.yaml")
     cfg.data.update(data)
     OmegaConf.save(cfg, run_dir / "config.yaml")
+    record_file(run_dir, "config.yaml")  # whoever can rewrite config.yaml can rewrite its recorded sha256 too
     return run_dir
 
 
