@@ -3,7 +3,8 @@
 - Rayleigh-Ritz over embedding pairs streamed from memory-mapped .npy chunks vs the same rows in memory;
 - exact cosine top-10 search per query, FAISS (when installed) vs torch, at several prefix sizes k.
 
-    python tools/bench_retrieval.py [--rows 200000] [--dim 256] [--db 50000] [--queries 2000]
+    python tools/bench_retrieval.py [--rows 200000] [--dim 256] [--db 50000] [--queries 2000] [--dims 16 64 256]
+    python tools/bench_retrieval.py --db 60000 --queries 10000 --dims 16 784 --search-only   # eigtrain-eval's shape
 """
 
 from __future__ import annotations
@@ -80,11 +81,11 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--db", type=int, default=50_000)
     parser.add_argument("--queries", type=int, default=2_000)
+    parser.add_argument("--dims", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--search-only", action="store_true", help="skip the streaming comparison")
     args = parser.parse_args()
-    result = {
-        "rr_streaming": bench_streaming(args.rows, args.dim),
-        "search": bench_search(args.db, args.queries, [16, 64, 256]),
-    }
+    result = {} if args.search_only else {"rr_streaming": bench_streaming(args.rows, args.dim)}
+    result["search"] = bench_search(args.db, args.queries, args.dims)
     print(json.dumps(result, indent=1))
 
 

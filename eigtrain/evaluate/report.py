@@ -240,9 +240,15 @@ def _constant_and_spectrum_lines(report: dict) -> list[str]:
     cuts = report.get("rr_cuts")  # which cuts of the export the data determine (eigtrain.export.prefixes)
     if cuts:
         bad = ", ".join(str(k) for k in cuts["undetermined"]) or "none"
+        tested, width = cuts.get("tested"), cuts.get("features")
+        untested = (
+            f" Cuts after features {tested + 1}–{width - 1}: not tested."
+            if tested and width and tested < width - 1
+            else ""
+        )
         lines += [
             "",
-            f"RR cuts the data do not determine (prefix sizes whose top-k is one of several equally good): {bad}.",
+            f"RR cuts the data do not determine (prefix sizes whose top-k is one of several equally good): {bad}.{untested}",
         ]
     if (report.get("rr_ties") or {}).get("groups"):
         spans = ", ".join(f"{a}–{b}" for a, b in report["rr_ties"]["groups"])

@@ -33,7 +33,7 @@ from eigtrain.export.moments import RRAccumulator
 from eigtrain.export.prefixes import cut_errors, cuts_report, order_ties, tie_groups, undetermined_cuts
 from eigtrain.export.raw_span import paper_convention
 from eigtrain.export.rayleigh_ritz import MODES, TRIVIAL, centered, default_rtol, solve
-from eigtrain.export.rr_lines import cuts_line, dimensions_line, ties_line
+from eigtrain.export.rr_lines import cuts_line, dimensions_line, ties_line, width_line
 from eigtrain.export.run_data import RunDataConfig
 from eigtrain.runs.checksums import file_sha256, files_sha256
 from eigtrain.runs.run_step import describe
@@ -153,7 +153,9 @@ def parse_args(argv: list[str]) -> RRJobConfig:
 
 def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, block: int | None = None, folds: int = 0):
     """Accumulate this rank's contiguous share of the rows of stored pairs z1, z2 (an npz, a safetensors file or
-    a directory of chunks, streamed); returns (acc, total rows). folds: also per fold (the global row mod folds).
+    a directory of chunks, streamed); returns (acc, total rows). folds: also per fold, in contiguous blocks of rows
+    (rows written next to each other, e.g. several augmentations of one image, are correlated: one fold keeps
+    them together, so the folds' spread measures the noise of independent samples).
     block: rows read at a time (default: 512 MiB of float64 per view, at most 65,536 rows)."""
     chunks = embedding_files.open_chunks(path)
     d1, d2 = embedding_files.widths(chunks)
@@ -163,10 +165,11 @@ def reduce_embeddings(path: str, pairs: bool, rank: int = 0, world: int = 1, blo
             f"{path}: z1 and z2 have widths {d1} and {d2}; one-encoder modes need equal widths, use mode=svd for two encoders"
         )
     acc = RRAccumulator(d1, pairs=pairs, dim_right=d2 if pairs else None, folds=folds)
-    row = embedding_files.total_rows(chunks) * rank // world  # the first of this rank's rows (iter_blocks' share)
+    total = embedding_files.total_rows(chunks)
+    row = total * rank // world  # the first of this rank's rows (iter_blocks' share)
     for z1, z2 in embedding_files.iter_blocks(chunks, rank, world, block):
-        # the accumulator's fold count: fewer than asked at large d (moments.FOLDS_BYTES)
-        fold = torch.arange(row, row + len(z1)) % max(acc.fold_count, 1)
+        # the accumulator's fold count (fewer than asked at large d: moments.FOLDS_BYTES); the same on any rank count
+        fold = torch.arange(row, row + len(z1)) * max(acc.fold_count, 1) // max(total, 1)
         acc.update(torch.from_numpy(z1), torch.from_numpy(z2), fold=fold)
         row += len(z1)
     return acc, embedding_files.total_rows(chunks)
@@ -195,10 +198,12 @@ def with_cuts(result, acc: RRAccumulator, cfg: RRJobConfig, trivial: str):
     center = centered(cfg.mode, cfg.center, trivial)
     errors = cut_errors(result, acc)
     result.extra["spectrum"] = result.eigenvalues
-    result.extra["cuts"] = cuts_report(errors, acc.fold_sizes if errors is not None else None)
+    result.extra["cuts"] = cuts_report(
+        errors, acc.fold_sizes if errors is not None else None, result.transform.shape[1]
+    )
     result.extra["ties"] = None
     if cfg.ties == "variance" and errors is not None:
-        groups = tie_groups(undetermined_cuts(errors), result.transform.shape[1])
+        groups = tie_groups(undetermined_cuts(errors), len(errors))
         spectrum, cuts = result.extra["spectrum"], result.extra["cuts"]
         result = order_ties(result, acc, groups, center)
         result.extra.update(spectrum=spectrum, cuts=cuts, ties={"order": "variance", "groups": groups})
@@ -280,6 +285,8 @@ def _solve_and_save(cfg: RRJobConfig, env, device: torch.device) -> dict:
         if source.get("kind") == "checkpoint":  # which step of the run: an unfinished run's checkpoint says so
             print(f"eigtrain-rr: {source['run_dir']} at {describe(source['path'], source['step'], source['steps'])}")
         print(dimensions_line(result.dims))
+        if warning := width_line(int(result.transform.shape[0]), acc.n):
+            print(warning)
         if cfg.ridge > 0:
             print(
                 f"eigtrain-rr: ridge={cfg.ridge:g} regularizes the Gram (not the exact solve); exact spectrum in the manifest"

@@ -77,13 +77,16 @@ def _numpy_rows(x: torch.Tensor) -> np.ndarray:
 
 
 def fold_rows(fold: torch.Tensor, folds: int) -> list[slice | np.ndarray]:
-    """Each fold's rows of a batch: a strided slice when fold[j] = (fold[0] + j) mod folds (the rows of embedding
-    files), else their indices."""
+    """Each fold's rows of a batch: a slice when the folds are contiguous blocks (the rows of embedding files) or
+    fold[j] = (fold[0] + j) mod folds, else their indices."""
     k = len(fold)
     first = int(fold[0]) if k else 0
     if torch.equal(fold, (torch.arange(k) + first) % folds):
         return [slice((i - first) % folds, None, folds) for i in range(folds)]
     values = fold.numpy()
+    if k and bool((values[1:] >= values[:-1]).all()):  # contiguous blocks (embedding files): a slice per fold
+        edges = np.searchsorted(values, np.arange(folds + 1))
+        return [slice(int(edges[i]), int(edges[i + 1])) for i in range(folds)]
     return [np.flatnonzero(values == i) for i in range(folds)]
 
 

@@ -6,11 +6,12 @@ A cut after feature k is determined when the top-k subspace is: its error is dri
 against the sampling noise of the moments. `cut_errors` estimates, for every cut at once, the expected squared
 error ||sin Theta||_F^2 of the exported top-k subspace, by first-order perturbation with noise measured across
 folds of the rows: in the export's basis (Gram = I, cross moment = diag(lambda)) a fold's moments differ from the
-whole's by dG, dK, which rotate features i and j into each other by
-r_ij = (dK_ij - (lambda_i + lambda_j) / 2 * dG_ij) / (lambda_j - lambda_i); sum_f n_f r_ij^2 / (n (F - 1)) estimates
-the whole's squared rotation error, and the error at a cut sums it over the pairs the cut separates. Per cut, never
-averaged over a prefix. The cuts after features 1 .. 256 are tested; they cost two d x d x 256 products per fold and
-no eigendecomposition.
+whole's by dG, dK, and to first order the perturbed feature i gains the component
+c_ji = (dK_ji - lambda_i dG_ji) / (lambda_i - lambda_j) along feature j (docs/export.md derives it);
+sum_f n_f c_ji^2 / (n (F - 1)) estimates the whole's squared coefficient, and the error at cut k sums it over i <= k < j
+(the components the top-k subspace gains outside itself). Per cut, never averaged over a prefix. The cuts after
+features 1 .. 256 are tested (two d x d x 256 products per fold, no eigendecomposition); any later cut is reported
+as untested, never as determined.
 
 The rule, undetermined at an estimated error >= 0.05 (about 13 degrees for one direction), was calibrated on
 ground truth only (two-view Gaussians with known eigenvalues, tests/export/test_rr_ground_truth.py): at an exact
@@ -48,7 +49,7 @@ def cut_errors(result: RRResult, acc: RRAccumulator) -> torch.Tensor | None:
     gap = lam[None, :] - lam[:m, None]  # (i, j): lambda_j - lambda_i
     tiny = torch.finfo(t.dtype).eps * max(1.0, float(lam.abs().max()))
     gap = torch.where(gap.abs() < tiny, torch.full_like(gap, tiny), gap)  # an exact tie: no order at all
-    half_sum = (lam[:m, None] + lam[None, :]) / 2
+    inside = lam[:m, None]  # lambda_i of the feature (row i) whose leak into feature j (column) is measured
     # each fold's moments about the whole's centre (the solve's), in the export's basis: the whole's are their
     # average weighted by the folds' sizes (moments about one centre), so a fold differs from the whole by noise only
     # (from the rows' sums when the folds were never converted: the same moments, in a quarter of the d x d work)
@@ -58,9 +59,9 @@ def cut_errors(result: RRResult, acc: RRAccumulator) -> torch.Tensor | None:
     whole_gram, whole_cross = (sum(p[i] * (size / acc.n) for p, size in zip(projected, sizes)) for i in (0, 1))
     squared = torch.zeros_like(gap)
     for (gram, cross), size in zip(projected, sizes):
-        rotation = ((cross - whole_cross) - half_sum * (gram - whole_gram)) / gap
+        coefficient = ((cross - whole_cross) - inside * (gram - whole_gram)) / gap  # c_ji, up to its sign
         # sum_f n_f (M_f - M)^2 / (F - 1) estimates n Var(M): the whole's own squared error, per entry
-        squared += rotation.square() * (size / (acc.n * (len(sizes) - 1)))
+        squared += coefficient.square() * (size / (acc.n * (len(sizes) - 1)))
     squared[torch.arange(m), torch.arange(m)] = 0
     # error at cut k: the sum over i <= k < j (rows above the cut, columns below it)
     above = squared.cumsum(0)  # above[k-1, j] = sum over i < k
@@ -89,20 +90,25 @@ def undetermined_cuts(errors: torch.Tensor | None) -> list[int]:
     return [] if errors is None else [k + 1 for k in range(len(errors)) if errors[k] >= UNDETERMINED_AT]
 
 
-def cuts_report(errors: torch.Tensor | None, folds_n: list[int] | None) -> dict | None:
-    """The manifest's `cuts`: the per-cut error estimates, the undetermined cuts, the rule."""
+def cuts_report(errors: torch.Tensor | None, folds_n: list[int] | None, width: int) -> dict | None:
+    """The manifest's `cuts`: the per-cut error estimates, the undetermined cuts, the rule, which cuts were tested
+    (of the `width` features' width - 1)."""
     if errors is None:
         return None
     return {
         "error": [round(float(e), 6) for e in errors],
         "undetermined": undetermined_cuts(errors),
         "undetermined_at": UNDETERMINED_AT,
+        "tested": len(errors),  # the cuts after features 1 .. tested; a later one was not tested (CUT_LIMIT)
+        "features": width,
         "folds_n": folds_n,
     }
 
 
-def tie_groups(undetermined: list[int], width: int) -> list[list[int]]:
-    """Runs of features (first, last; 1-based) that no determined cut separates."""
+def tie_groups(undetermined: list[int], tested: int) -> list[list[int]]:
+    """Runs of features (first, last; 1-based) that no determined cut separates, among features 1 .. tested + 1
+    (cuts after features 1 .. tested were tested; features after them are in no group: their order is untested)."""
+    width = tested + 1
     cuts = [0, *(k for k in range(1, width) if k not in set(undetermined)), width]
     return [[a + 1, b] for a, b in zip(cuts, cuts[1:]) if b - a > 1]
 

@@ -4,6 +4,7 @@ within 0.02 of the truth, feature i correlated >= 0.9 with true eigenfunction i,
 eigenvalue by more than 1e-6; near-ties reported as undetermined cuts; d > n refused."""
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -58,10 +59,16 @@ def test_near_equal_eigenvalues_are_reported_not_ordered(tmp_path, capsys):
     """lambda_3 = lambda_4: the cut between them is undetermined (and reported), the others are determined; the
     tied pair's span is still recovered, every eigenvalue within 0.02."""
     tied = np.array([0.95, 0.85, 0.70, 0.70, 0.55, 0.45, 0.35, 0.25])
-    u1, _, m = write_case(tmp_path / "tied.npz", "anisotropic", tied)
-    out, manifest = _export(tmp_path, "tied")
-    assert manifest["cuts"]["undetermined"] == [3]
+    flagged = []
+    for seed in range(5):  # an exact tie's estimate is a ratio of noises: flagged in about 9 samples of 10
+        write_case(tmp_path / "tied.npz", "anisotropic", tied, seed=seed)
+        _, manifest = _export(tmp_path, "tied", "overwrite=true")
+        assert manifest["cuts"]["undetermined"] in ([], [3]), manifest["cuts"]
+        flagged.append(manifest["cuts"]["undetermined"] == [3])
+    assert sum(flagged) >= 3, flagged
     assert "do not determine the cut after feature(s) 3 of 8" in capsys.readouterr().out
+    u1, _, m = write_case(tmp_path / "tied.npz", "anisotropic", tied)
+    out, manifest = _export(tmp_path, "tied", "overwrite=true")
     assert np.abs(np.array(manifest["eigenvalues"]) - tied).max() < 0.02
     features = _features(out, u1 @ m.T)
     corr = feature_correlations(features, u1)
@@ -78,6 +85,20 @@ def test_more_dimensions_than_pairs_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "12 pairs cannot order" in err and "give more pairs than dimensions" in err
     assert not (tmp_path / "rr").exists()
+
+
+def test_a_width_not_small_against_n_warns_that_the_eigenvalues_are_biased(tmp_path, capsys):
+    """d = 256, n = 300 (issue 54): true eigenvalues 0.95 ... 0.05 come out near 1; the export says its eigenvalues
+    are biased, not only that the order may be; at d/n below 0.1 it says nothing of the kind."""
+    lam = np.linspace(0.95, 0.05, 256)
+    u1, u2 = latent_pairs(lam, 300, 0)
+    np.savez(tmp_path / "wide.npz", z1=u1, z2=u2)
+    out, manifest = _export(tmp_path, "wide")
+    assert manifest["eigenvalues"][0] > 0.99  # the fit, not the truth (0.95)
+    assert "d/n = 0.85): the eigenvalues are biased upward" in capsys.readouterr().out
+    write_case(tmp_path / "narrow.npz", "whitened")  # d = 16, n = 20,000
+    _export(tmp_path, "narrow")
+    assert "biased" not in capsys.readouterr().out
 
 
 def test_synthetic_kernel_pairs_through_the_command(tmp_path):
@@ -123,6 +144,36 @@ def test_cut_rule_flags_exact_ties_and_passes_clear_gaps():
     tie = [_cut_error([0.9, 0.7, 0.7, 0.5], 2000, seed) >= UNDETERMINED_AT for seed in range(20)]
     gap = [_cut_error([0.9, 0.75, 0.65, 0.5], 2000, seed) >= UNDETERMINED_AT for seed in range(20)]
     assert sum(tie) >= 16 and sum(gap) == 0, (sum(tie), sum(gap))
+
+
+def test_the_reported_cut_error_is_the_measured_first_order_error():
+    """Issue 54: at d = 64, n = 2,000, the cut after feature 8 with a clear gap (0.67), where the error is the sum of
+    many small leaks (k (d - k) pairs): the mean reported error is within 1.5x of the measured ||sin Theta||^2 over
+    independent samples (the statistic squared the antisymmetric part of the rotation before: about 7x too high,
+    and clear cuts were called undetermined at realistic widths). tools/bench_cut_calibration.py has the grid."""
+    sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
+    import bench_cut_calibration
+
+    row = bench_cut_calibration.cell(64, 2000, 8, 0.67, samples=8)
+    assert 1 / 1.5 <= row["ratio"] <= 1.5 and row["flagged"] == 0, row
+
+
+def test_correlated_rows_are_kept_in_one_fold(tmp_path):
+    """Eight consecutive rows per image (multi-augmentation dumps): folds by row mod 8 put one row of each image in
+    every fold, their spread misses the images' noise and an exact tie was flagged in a minority of samples; folds in
+    contiguous blocks of rows (eigtrain-rr embeddings=) flag it as often as independent rows do."""
+    sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
+    import bench_cut_calibration
+
+    lam = np.array([0.9, 0.7, 0.7, 0.5])
+    flagged = 0
+    for seed in range(20):  # independent rows: about 87 %; these rows by row mod 8: 35 %; in blocks: 72 %
+        u1, u2 = bench_cut_calibration.views(lam, 500, 8, np.random.default_rng(seed))
+        m = mixing("anisotropic", 4, seed)
+        np.savez(tmp_path / "tie.npz", z1=u1 @ m.T, z2=u2 @ m.T)
+        _, manifest = _export(tmp_path, "tie", "overwrite=true")
+        flagged += 2 in manifest["cuts"]["undetermined"]
+    assert flagged >= 11, flagged
 
 
 def test_the_cholesky_whitening_is_the_range_solve(monkeypatch):

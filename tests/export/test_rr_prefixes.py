@@ -54,21 +54,33 @@ def test_folds_follow_the_global_row_whatever_the_ranks(tmp_path):
 
 
 def test_the_export_reports_its_cuts(tmp_path, capsys):
-    z1, z2 = _pairs()
-    np.savez(tmp_path / "emb.npz", z1=z1, z2=z2)
-    assert rr_main([f"embeddings={tmp_path / 'emb.npz'}", f"out={tmp_path / 'rr'}"]) == 0
-    cuts = json.loads((tmp_path / "rr" / "manifest.json").read_text())["cuts"]
-    assert len(cuts["error"]) == 5 and all(e >= 0 for e in cuts["error"]) and cuts["folds_n"] == [5000] * 8
-    assert cuts["undetermined"] == [k + 1 for k, e in enumerate(cuts["error"]) if e >= cuts["undetermined_at"]]
-    assert cuts["undetermined"] == [1]  # the tie (as in the test above: the same sample)
-    assert "do not determine the cut after feature(s) 1" in capsys.readouterr().out
+    """The manifest's cuts and the printed line agree with the errors; the tie is flagged in most samples (an exact
+    tie's estimate is a ratio of noises: flagged in about 9 of 10, tests/export/test_rr_ground_truth.py), the clear
+    cuts in none."""
+    undetermined = []
+    for seed in range(3):
+        z1, z2 = _pairs(seed=seed)
+        np.savez(tmp_path / "emb.npz", z1=z1, z2=z2)
+        assert rr_main([f"embeddings={tmp_path / 'emb.npz'}", f"out={tmp_path / 'rr'}", "overwrite=true"]) == 0
+        cuts = json.loads((tmp_path / "rr" / "manifest.json").read_text())["cuts"]
+        assert len(cuts["error"]) == 5 and all(e >= 0 for e in cuts["error"]) and cuts["folds_n"] == [5000] * 8
+        assert cuts["undetermined"] == [k + 1 for k, e in enumerate(cuts["error"]) if e >= cuts["undetermined_at"]]
+        assert cuts["tested"] == 5 and cuts["features"] == 6
+        printed = capsys.readouterr().out
+        if cuts["undetermined"]:
+            assert "do not determine the cut after feature(s) 1 of 6" in printed
+        else:
+            assert "the data determine every tested cut of the 6 features" in printed
+        undetermined.append(cuts["undetermined"])
+    assert undetermined.count([1]) >= 2 and all(u in ([], [1]) for u in undetermined), undetermined
     assert rr_main([f"embeddings={tmp_path / 'emb.npz'}", f"out={tmp_path / 'rr2'}", "folds=0"]) == 0
     assert json.loads((tmp_path / "rr2" / "manifest.json").read_text())["cuts"] is None
 
 
 def test_tie_groups_are_the_runs_between_determined_cuts():
-    assert tie_groups([1, 3, 4], 8) == [[1, 2], [3, 5]]  # cuts after 2, 5, 6, 7 are determined
-    assert tie_groups([], 8) == [] and tie_groups(list(range(1, 8)), 8) == [[1, 8]]
+    assert tie_groups([1, 3, 4], 7) == [[1, 2], [3, 5]]  # cuts after 2, 5, 6, 7 are determined
+    assert tie_groups([], 7) == [] and tie_groups(list(range(1, 8)), 7) == [[1, 8]]
+    assert tie_groups([1, 2, 3], 3) == [[1, 4]]  # features past the tested cuts are in no group, whatever their order
 
 
 def _scaled_tie(seed: int, mix: bool, n: int = 20000):
