@@ -60,7 +60,7 @@ class EvalConfig:
     device: str = "cpu"  # auto | cpu | cuda
     seed: int = 0  # the probes' and the random subsets' seed
     pca: bool = True  # score PCA of the same embedding (the unsupervised baseline)
-    retrieval: str = "auto"  # auto (FAISS when installed, else torch) | torch | faiss | none
+    retrieval: str = "auto"  # auto (= torch: as fast or faster for exact search here) | torch | faiss | none
     retrieval_draws: int = 5  # random subsets averaged for RS retrieval
     allow_foreign_export: bool = False  # score through an export solved on other weights (stated in the report)
     retrieval_funnels: bool = (
