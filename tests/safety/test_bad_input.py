@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import io
 import os
+import shutil
 import re
 import subprocess
 import sys
@@ -374,6 +375,23 @@ def checkpoint_full_disk(world):
         return outcome
 
 
+def final_export_full_disk(world):
+    """A finished run resumed (model.safetensors lost) on a disk with room for everything but the final weights:
+    the trainer's final export is one line, with no temporary left and the checkpoints as they were."""
+    run = world.tmp / "run"
+    assert train_small(world, run, local(world, "good-{0..1}.tar")).code == 0
+    weights = (run / "model.safetensors").stat().st_size
+    (run / "model.safetensors").unlink()
+    used = sum(-(-p.stat().st_size // 4096) * 4096 for p in run.rglob("*") if p.is_file())
+    with small_disk(world, f"{(used + weights // 2) // 1024}k") as place:
+        shutil.copytree(run, place / "run")
+        outcome = train_small(world, place / "run", local(world, "good-{0..1}.tar"))
+        left = sorted(p.name for p in (place / "run").iterdir())
+        assert "model.safetensors" not in left and not [n for n in left if n.endswith(".tmp")], left
+        assert (place / "run" / "checkpoints" / "step-2" / "COMPLETE").exists()
+        return outcome
+
+
 def all_bad_batch(world):
     """Every sample of one batch unusable (a whole shard of garbage, read as one batch): a counted, skipped step."""
     world.shard("good-1.tar", [{"__key__": f"x-{i}", "jpg": b"\xff\xd8 garbage", "cls": 0} for i in range(6)])
@@ -600,6 +618,11 @@ CASES = [  # name, set-up and command, (exit code, regex of the one line eigtrai
         "checkpoint-on-a-full-disk",
         checkpoint_full_disk,
         (1, r"eigtrain-train: cannot write a checkpoint in .*full/run \(\d+ bytes free there\)"),
+    ),
+    case(
+        "final-export-on-a-full-disk",
+        final_export_full_disk,
+        (1, r"^eigtrain-train: cannot write .*model\.safetensors.*(disk is full|No space left)"),
     ),
     case("all-bad-batch-in-training", all_bad_batch, OK),
     case(
