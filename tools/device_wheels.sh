@@ -48,6 +48,9 @@ BINARY=(hydra-core omegaconf webdataset braceexpand submitit cloudpickle kornia 
         einops hjson msgpack ninja psutil py-cpuinfo pydantic pydantic_core annotated-types typing-inspection
         typing_extensions PyYAML packaging setuptools)
 SOURCE=(deepspeed antlr4-python3-runtime)  # sdists only: built here, pure Python
+# lightly and what it imports beyond the image (the Fashion-MNIST report's peers, gpu_check --part 4), taken when
+# this environment has them (pip install -e '.[peers]'): the versions the CPU report ran
+PEERS=(lightly pytorch_lightning lightning_utilities torchmetrics fsspec)
 
 pinned() {  # NAME...: NAME==VERSION as installed in $py's environment
   "$py" - "$@" <<'PY'
@@ -70,6 +73,11 @@ rm -f "$out"/*.whl
 touch "$out/.device-wheels"
 echo "device_wheels: ${#BINARY[@]} binary wheels for CPython $pyver manylinux x86-64 -> $out"
 mapfile -t binary < <(pinned "${BINARY[@]}")
+if "$py" -c "import lightly" 2>/dev/null; then
+  mapfile -t -O "${#binary[@]}" binary < <(pinned "${PEERS[@]}")
+else
+  echo "device_wheels: lightly is not installed in $py: no peers' wheels (gpu_check's q_fashion_lightly needs them)" >&2
+fi
 "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: -d "$out" \
   --python-version "$pyver" --implementation cp --abi "$abi" --abi abi3 --abi none \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any \
@@ -85,10 +93,19 @@ else
   bash "$repo/tools/ci_wheel.sh" --build "$out"
 fi
 
+# Fashion-MNIST's four idx files (Debian's dataset-fashion-mnist, 30 MB) travel beside the wheels, as .idx/: the
+# device has no apt; tools/gpu_check.sh points FASHION_MNIST_IDX at them (carry .whl and .idx)
+idx=${FASHION_MNIST_IDX:-/usr/share/datasets/fashion-mnist}
+idx_bytes=0
+if [ "$out" = "$repo/.whl" ] && [ -d "$idx" ]; then
+  mkdir -p "$repo/.idx/fashion-mnist"
+  cp "$idx"/*-ubyte* "$repo/.idx/fashion-mnist/"
+  idx_bytes=$(cat "$repo/.idx/fashion-mnist"/* | wc -c)
+fi
 count=$(ls "$out"/*.whl | wc -l)
 bytes=$(cat "$out"/*.whl | wc -c)
-echo "device_wheels: $count wheels, $((bytes / 1024)) KiB in all (limit $limit_mib MiB)"
-if [ "$bytes" -gt $((limit_mib * 1024 * 1024)) ]; then
-  echo "device_wheels: $out is over $limit_mib MiB: it cannot travel to the GPU machine" >&2
+echo "device_wheels: $count wheels, $((bytes / 1024)) KiB, and $((idx_bytes / 1024)) KiB of idx files in all (limit $limit_mib MiB)"
+if [ $((bytes + idx_bytes)) -gt $((limit_mib * 1024 * 1024)) ]; then
+  echo "device_wheels: $out and .idx are over $limit_mib MiB: they cannot travel to the GPU machine" >&2
   exit 1
 fi

@@ -31,4 +31,8 @@ if [ -z "$PY" ]; then  # the image's Python: the first that has torch
   done
   PY=${PY:-python3}
 fi
+# Fashion-MNIST's idx files, carried as .idx/ (tools/device_wheels.sh puts them there): the device has no apt
+if [ -z "${FASHION_MNIST_IDX:-}" ] && [ -d "$repo/.idx/fashion-mnist" ]; then
+  export FASHION_MNIST_IDX=$repo/.idx/fashion-mnist
+fi
 exec "$PY" "$repo/tools/gpu_check.py" "$@"
