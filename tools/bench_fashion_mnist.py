@@ -315,7 +315,10 @@ def main(argv: list[str] | None = None) -> None:
     stem = args.stem
     if args.render:  # the finished run's numbers, else those an interrupted one saved (said so in the report)
         done = stem.with_suffix(".json") if stem.with_suffix(".json").exists() else stem.with_suffix(".partial.json")
-        return write_report(json.loads(done.read_text()), args, stem)
+        results = json.loads(done.read_text())
+        if "argv" in results:  # the report names (and is laid out by) the command that made it, not --render's
+            args = parse(results["argv"])
+        return write_report(results, args, stem)
     args.root = fmd.OUT[args.layout]
     cfg = cell_config(args, args.cells[0])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
