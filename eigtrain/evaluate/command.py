@@ -6,7 +6,6 @@ The table itself: eigtrain.evaluate.table.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -14,59 +13,14 @@ import torch
 from eigtrain import safe_files
 from eigtrain.dist import resolve_env, select_device
 from eigtrain.evaluate import retrieval
+from eigtrain.evaluate.eval_config import USAGE, EvalConfig  # noqa: F401  (checked before torch: eigtrain.commands)
 from eigtrain.evaluate.probes import spectrum_report
 from eigtrain.evaluate.report import write_report
 from eigtrain.evaluate.table import adaptive_dimension_table
-from eigtrain.export.run_data import RunDataConfig
 from eigtrain.runs.output_dirs import EVAL_ENTRIES, check_output_dir
 from eigtrain.runs.provenance import export_provenance
 from eigtrain.runs.run_step import weights_record
 from eigtrain.train.knn import dims_for
-
-# -- eigtrain-eval ---------------------------------------------------------------------------------
-USAGE = """eigtrain-eval: adaptive-dimension evaluation of a trained run or of stored features.
-
-    eigtrain-eval run_dir=DIR [rr=DIR] [jn_run_dir=DIR] [ff_run_dirs=[DIR4,DIR8]] [probe=sgd|closed_form]
-                  [random_draws=50] [random_se=0.1] [dims=[4,8,16]] [train_split=train] [test_split=val] [out=DIR]
-                  [pca=true] [retrieval=auto|torch|faiss|none] [retrieval_draws=5]
-                  [data.val_shards=PATTERN] [data.shards=PATTERN] [data.allow_pipe=true]
-    eigtrain-eval features=FILE.npz rr=DIR out=DIR     # arrays train_z, train_y, test_z, test_y
-
-RR uses the Rayleigh-Ritz export (default run_dir/rr, written by eigtrain-rr); JN is the run's own
-coordinates when it was trained with joint nesting, or those of jn_run_dir; FF are runs trained at each
-smaller dimension; RS are random subsets of the run's coordinates; PCA the principal components of the
-same embedding. At every size: retrieval (1-NN, recall@1/10), bytes per vector, search time per query.
-Writes table.md, table.csv, report.json, accuracy_vs_dim.png and retrieval_vs_dim.png; they name the data
-each split came from. A run trained on data.shards has a validation split only with data.val_shards (its
-config's, or given here); the training shards are never scored as validation. data.shards / data.val_shards
-given here replace the run's; a pipe: source in the run's saved config runs only with data.allow_pipe=true.
-"""
-
-
-@dataclass
-class EvalConfig:
-    run_dir: str | None = None  # the run evaluated (its newest verified weights, its data)
-    features: str | None = None  # instead of a run: an .npz of train_z, train_y, test_z, test_y
-    rr: str | None = None  # the Rayleigh-Ritz export (null: run_dir/rr, written by eigtrain-rr)
-    jn_run_dir: str | None = None  # a joint-nesting run whose coordinates are JN (null: the run's own, if nested)
-    ff_run_dirs: list[str] = field(default_factory=list)  # runs trained at each smaller dimension (FF)
-    train_split: str = "train"  # the split the probes train on
-    test_split: str = "val"  # the split scored
-    probe: str = "sgd"  # sgd (the paper's protocol, on whitened features) | closed_form (ridge least squares)
-    random_draws: int = 50  # at most this many random coordinate subsets averaged for RS at each dimension
-    random_se: float = 0.1  # RS stops drawing once its mean's standard error is at most this (points; 0: every draw)
-    dims: list[int] | None = None  # the dimensions scored (null: 4, 8, ..., d)
-    out: str | None = None  # where the report goes (null: run_dir/eval, or the features file without .npz)
-    device: str = "cpu"  # auto | cpu | cuda
-    seed: int = 0  # the probes' and the random subsets' seed
-    pca: bool = True  # score PCA of the same embedding (the unsupervised baseline)
-    retrieval: str = "auto"  # auto (= torch: as fast or faster for exact search here) | torch | faiss | none
-    retrieval_draws: int = 5  # random subsets averaged for RS retrieval
-    allow_foreign_export: bool = False  # score through an export solved on other weights (stated in the report)
-    retrieval_funnels: bool = (
-        False  # report.json's retrieval_funnels: adaptive retrieval over RR (eigtrain.evaluate.funnels)
-    )
-    data: RunDataConfig = field(default_factory=RunDataConfig)  # data sources replacing the run's saved ones
 
 
 def _load_features(path: str):
@@ -145,13 +99,7 @@ def _check_features(path: str, arrays: dict) -> None:
 def evaluate(cfg) -> tuple[dict, dict]:
     from eigtrain.export.embed import check_split, command_line_data, embed_split, open_run
 
-    if bool(cfg.run_dir) == bool(cfg.features):
-        raise ValueError("give exactly one of run_dir= or features=")
-    if cfg.run_dir and cfg.train_split == cfg.test_split:  # a training accuracy is not the held-out score asked for
-        raise ValueError(
-            f"train_split and test_split are both {cfg.test_split!r}: the probes would be scored on the samples they "
-            f"were fitted on; choose another test_split (a run on data.shards: split 'val' with data.val_shards)"
-        )
+    cfg.validate()
     if cfg.out:  # before any work (write_report checks again): never write into a directory of someone else's
         check_output_dir(cfg.out, EVAL_ENTRIES, "out")
     device = str(select_device(resolve_env(), cfg.device))  # this task's GPU, bound as the trainer binds it

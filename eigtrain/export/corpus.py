@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -48,41 +47,14 @@ from eigtrain.export.embed_chunks import (
     write_chunk,
     write_manifest,
 )
+from eigtrain.export.embed_config import USAGE, EmbedConfig  # noqa: F401  (checked before torch)
 from eigtrain.export.files import TENSORS, OrderedHead, load_head
-from eigtrain.export.run_data import RunDataConfig
 from eigtrain.runs.checksums import file_sha256
 from eigtrain.runs.lock import RunDirInUse, lock_directory, release_directory
 from eigtrain.runs.output_dirs import EMBED_ENTRIES, OutputDirError, check_output_dir
 from eigtrain.runs.provenance import export_provenance
 
 FORMAT = "eigtrain-embeddings-v1"  # manifest["format"]: the mark of a directory eigtrain-embed wrote
-
-USAGE = """eigtrain-embed: the ordered features of every sample of a split, in chunks with their keys.
-
-    eigtrain-embed run_dir=DIR out=DIR [split=train|val] [data.shards=PATTERN] [data.val_shards=PATTERN]
-                   [rr=DIR] [k=K] [dtype=float32|float16] [chunk_size=4096] [batch_size=256] [num_workers=1]
-    torchrun --nproc_per_node N -m eigtrain.export.corpus ...    # each rank embeds its share
-
-Features are the run's Rayleigh-Ritz export (rr=, default run_dir/rr) applied to its encoder, first k in
-eigenvalue order. A rerun with the same settings resumes; read them with eigtrain.export.corpus.read_embeddings.
-"""
-
-
-@dataclass
-class EmbedConfig:
-    run_dir: str | None = None  # the trained run (its final export, else its newest checkpoint that verifies)
-    out: str | None = None  # the output directory: new, empty, or an earlier eigtrain-embed output to resume
-    rr: str | None = None  # the Rayleigh-Ritz export applied (null: run_dir/rr); it must be of the run's weights
-    split: str | None = None  # null: the run's training split (data.shards given here: the corpus); val: held out
-    k: int | None = None  # store the first k features (null: all the export has)
-    dtype: str = "float32"  # of the stored features (computed in float64 from the encoder's float32 output)
-    chunk_size: int = 4096  # rows per chunk file (each rank its own chunks); a rerun resumes at the first missing
-    batch_size: int = 256  # samples per encoder call (1: features independent of batch mates, bitwise on any CPU ranks)
-    num_workers: int = 1  # reader processes per rank
-    device: str = "cpu"  # cpu | cuda | auto (this rank's GPU when there is one)
-    allow_foreign_export: bool = False  # apply an export solved on other weights (recorded in the manifest)
-    overwrite: bool = False  # start over: delete what eigtrain-embed wrote in out= (its manifest and chunks) first
-    data: RunDataConfig = field(default_factory=RunDataConfig)  # data sources replacing the run's saved ones
 
 
 def check_out(out: Path) -> dict | None:
@@ -211,10 +183,8 @@ def finish(out: Path, manifest: dict, expected: int) -> dict:
 
 
 def run(cfg: EmbedConfig) -> dict:
-    if not cfg.run_dir or not cfg.out:
-        raise ValueError("give run_dir=DIR and out=DIR")
-    if cfg.chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {cfg.chunk_size}")
+    cfg.validate()
+    assert cfg.run_dir and cfg.out  # validate() refuses either missing
     env = edist.resolve_env()
     device = edist.select_device(env, cfg.device)
     edist.init_distributed(env, backend=edist.backend_for(device))

@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 import torch
 
 from eigtrain.export.moments import RRAccumulator, t_matmul
+from eigtrain.export.rr_config import MODES, TRIVIAL  # noqa: F401  (the configuration's names)
 
-MODES = ("generalized", "paper-rq", "paper-vicreg", "paper-lora", "svd")
-TRIVIAL = ("exclude", "keep")
 IN_SPAN_TOL = 1e-6  # mean-square residual below which the span counts as holding the constant
 F64 = torch.float64
 

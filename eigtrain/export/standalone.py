@@ -1,14 +1,5 @@
-"""eigtrain-export: a trained run and its Rayleigh-Ritz export as one standalone file, TorchScript or ONNX.
-
-    eigtrain-export run_dir=RUN format=torchscript out=model.pt     # loads with torch alone (torch.jit.load)
-    eigtrain-export run_dir=RUN format=onnx out=model.onnx          # loads with onnxruntime alone
-
-The file maps float images in [0, 1], shape (N, C, H, W) at the run's training resolution, to the ordered features
-(N, d): the run's input normalization, its encoder (as its objective saw it: l2-normalized for SCL) and the
-Rayleigh-Ritz head (z - mean) @ transform, in one graph. Any prefix [:, :k] is the k-dimensional embedding. The
-eigenvalues and the input spec ride in the file's metadata (TorchScript: the extra file `eigtrain.json`; ONNX:
-metadata_props key `eigtrain`), beside the format tag that marks a file eigtrain wrote.
-"""
+"""eigtrain-export's work: a trained run and its Rayleigh-Ritz export as one standalone file (usage and
+configuration: eigtrain.export.export_config, checked before this module, and torch, are imported)."""
 
 from __future__ import annotations
 
@@ -19,7 +10,6 @@ import os
 import sys
 import warnings
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,30 +17,12 @@ import torch
 from torch import nn
 
 from eigtrain import safe_files
+from eigtrain.export.export_config import FORMATS, USAGE, ExportConfig  # noqa: F401
 
-FORMATS = ("torchscript", "onnx")
 FORMAT_TAG = "eigtrain-standalone-v1"  # metadata["format"]: the mark of a file eigtrain-export wrote
 META_NAME = "eigtrain.json"  # TorchScript extra file / ONNX metadata_props key "eigtrain"
 ONNX_META_KEY = "eigtrain"
 ONNX_OPSET = 18
-
-
-@dataclass
-class ExportConfig:
-    run_dir: str | None = None  # a training run directory (config.yaml, model.json, its weights)
-    format: str = "torchscript"  # torchscript | onnx
-    out: str | None = None  # the file to write (appears only when complete)
-    rr: str | None = None  # the Rayleigh-Ritz export (default: run_dir/rr, eigtrain-rr's default out=)
-    overwrite: bool = False  # replace an earlier eigtrain-export file at out= (anything else there is refused)
-
-    def validate(self) -> "ExportConfig":
-        if not self.run_dir:
-            raise ValueError("run_dir= is required: the training run to export")
-        if self.format not in FORMATS:
-            raise ValueError(f"format={self.format!r} is not allowed; allowed: {', '.join(FORMATS)}")
-        if not self.out:
-            raise ValueError("out= is required: the file to write")
-        return self
 
 
 class StandaloneModel(nn.Module):
@@ -186,6 +158,7 @@ def onnx_bytes(model: nn.Module, metadata: dict) -> bytes:
             dynamo=True,
             verbose=False,
         )
+    assert program is not None  # no file given: the exporter returns the program
     proto = program.model_proto
     entry = proto.metadata_props.add()
     entry.key, entry.value = ONNX_META_KEY, json.dumps(metadata)
@@ -243,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     from eigtrain.cli import COMMAND_ERRORS, asks_for_help, compose_dataclass, one_line_errors
 
     args = sys.argv[1:] if argv is None else argv
-    if asks_for_help(args, __doc__):
+    if asks_for_help(args, USAGE):
         return 0
 
     def body() -> None:

@@ -1,22 +1,12 @@
-"""eigtrain-synthetic: one run, or a table over a grid of runs.
-
-  eigtrain-synthetic kernel=KERNEL rank=8 objective=OBJECTIVE extraction=joint|rr steps=N seed=S out=FILE.json \\
-      [any SyntheticConfig key=value]
-  eigtrain-synthetic preset=paper|eigtrain ...   the paper's recipe (appendix G) or eigtrain's
-  eigtrain-synthetic grid recipe=paper|eigtrain kernels=legendre,fourier ranks=8,6,10 seeds=0,1,2,3,4 \\
-      dir=DIR steps=N    one batched ensemble (6 methods x seeds) per (kernel, rank), one compact JSON each
-  eigtrain-synthetic table recipes=paper,eigtrain dir=benchmarks/synthetic out=benchmarks/synthetic/table.md
-      renders the grid's cell files as the paper's Table 1 (runs nothing)
-"""
+"""eigtrain-synthetic's command (usage and configuration: eigtrain.synthetic.config, checked before torch)."""
 
 import json
 import sys
 from pathlib import Path
 
 from eigtrain import safe_files
-from eigtrain.synthetic.config import OBJECTIVES, parse_run_args
+from eigtrain.synthetic.config import USAGE, parse_run_args
 from eigtrain.synthetic.grid import parse_grid_args, run_grid
-from eigtrain.synthetic.kernels import KERNELS
 from eigtrain.synthetic.run import run
 from eigtrain.synthetic.table import make_table, parse_table_args
 
@@ -40,7 +30,7 @@ def summary(result: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in args):
-        print(f"{__doc__}\nKERNEL: {', '.join(KERNELS)}\nOBJECTIVE: {', '.join(OBJECTIVES)}")
+        print(USAGE)
         return 0
     try:
         if args and args[0] == "table":

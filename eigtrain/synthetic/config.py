@@ -4,11 +4,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from eigtrain.cli import compose_dataclass
-from eigtrain.objectives import OBJECTIVES as OBJECTIVE_REGISTRY
-from eigtrain.synthetic.extract import MEAN_INVARIANT
-from eigtrain.synthetic.kernels import KERNELS
+from eigtrain.schema.objectives import OBJECTIVE_SCHEMAS
 
-OBJECTIVES = tuple(OBJECTIVE_REGISTRY)  # every objective eigtrain trains with runs here too
+# torch-free: eigtrain-synthetic checks its command line before torch is imported (eigtrain.commands)
+OBJECTIVES = tuple(OBJECTIVE_SCHEMAS)  # every objective eigtrain trains with runs here too (its registry's names)
+KERNELS = ("legendre", "fourier", "fourier_sum")  # eigtrain.synthetic.kernels builds them
+MEAN_INVARIANT = ("vicreg", "vicreg_paper")  # losses of centered features only (eigtrain.synthetic.extract)
 EXTRACTIONS = ("joint", "rr")
 RR_MODES = ("generalized", "paper")
 JN_READOFFS = ("gs", "paper")
@@ -171,3 +172,18 @@ def parse_run_args(argv: list[str]) -> SyntheticConfig:
 def stored_with_defaults(stored: dict) -> dict:
     """A config stored by an earlier version: the keys added since count as their defaults (what it ran with)."""
     return {**dataclasses.asdict(SyntheticConfig()), **stored}
+
+
+USAGE = (
+    """eigtrain-synthetic: one run, or a table over a grid of runs.
+
+  eigtrain-synthetic kernel=KERNEL rank=8 objective=OBJECTIVE extraction=joint|rr steps=N seed=S out=FILE.json \\
+      [any SyntheticConfig key=value]
+  eigtrain-synthetic preset=paper|eigtrain ...   the paper's recipe (appendix G) or eigtrain's
+  eigtrain-synthetic grid recipe=paper|eigtrain kernels=legendre,fourier ranks=8,6,10 seeds=0,1,2,3,4 \\
+      dir=DIR steps=N    one batched ensemble (6 methods x seeds) per (kernel, rank), one compact JSON each
+  eigtrain-synthetic table recipes=paper,eigtrain dir=benchmarks/synthetic out=benchmarks/synthetic/table.md
+      renders the grid's cell files as the paper's Table 1 (runs nothing)
+"""
+    + f"KERNEL: {', '.join(KERNELS)}\nOBJECTIVE: {', '.join(OBJECTIVES)}"
+)  # eigtrain-synthetic -h (eigtrain.commands): read before torch is imported

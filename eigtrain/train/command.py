@@ -14,7 +14,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence, cast
+from typing import Any, Iterator, cast
 
 import hydra
 import torch
@@ -37,24 +37,14 @@ from eigtrain.runs.output_dirs import claim_run_dir
 from eigtrain.schema import ConfigError, DataConfig, TrainConfig, train_config
 from eigtrain.train import random_state
 from eigtrain.train.checks import batch_split, validate
+from eigtrain.train.compose import CONFIG_PACKAGE, compose_config  # noqa: F401  (tools, tests, launchers)
 from eigtrain.train.failures import failure_line
 from eigtrain.train.metrics_log import MetricsLog, Progress, Reporter, stable_run_id, write_run_records
 from eigtrain.train.monitor import build_monitor
 from eigtrain.train.state import RankState, TrainState
 from eigtrain.train.step_inputs import StepInputs, make_loss_fn, view_options
-from eigtrain.train.sweep_naming import register_resolvers
 
-CONFIG_PACKAGE = "eigtrain.configs"  # configs/ of the repository, shipped inside the package (pyproject.toml)
-register_resolvers()  # before any composition of configs/train.yaml
 log = logging.getLogger("eigtrain.train.command")
-
-
-def compose_config(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:
-    """The composed training config, as the command line would build it (for tests, tools, launchers)."""
-    from hydra import compose, initialize_config_module
-
-    with initialize_config_module(config_module=CONFIG_PACKAGE, version_base="1.3"):
-        return compose(config_name, overrides=list(overrides))
 
 
 def prepare_data(cfg: DataConfig, rank: int, cache_dir: Path | None = None):

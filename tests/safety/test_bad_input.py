@@ -11,8 +11,8 @@ import contextlib
 import hashlib
 import io
 import os
-import shutil
 import re
+import shutil
 import subprocess
 import sys
 import tarfile

@@ -1,0 +1,125 @@
+"""The console scripts (pyproject's [project.scripts]). Each answers -h / --help and checks its command line -- every
+key, type and value its configuration knows without reading data -- before the command's own module is imported:
+torch, torchvision and DeepSpeed take seconds to import, and a typo should cost a fraction of one. The command then
+checks the rest (paths, shards, devices) itself, as when it is called directly (`python -m eigtrain.export.command`,
+tests, tools). The configuration modules these use import no torch (tests/config/test_config_before_torch.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from eigtrain.cli import asks_for_help
+
+
+def _checked(name: str, usage: str, check: Callable[[list[str]], Any], argv: list[str] | None) -> list[str] | int:
+    """The command's arguments when they pass `check`; else its exit status (0 after -h, 2 after one error line)."""
+    from eigtrain.redact import redact_url
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    if asks_for_help(args, usage):
+        return 0
+    try:
+        check(args)
+    except ValueError as error:  # ConfigError and every one-line configuration refusal are ValueErrors
+        print(redact_url(f"{name}: {error}"), file=sys.stderr)
+        return 2
+    return args
+
+
+def rr(argv: list[str] | None = None) -> int:
+    from eigtrain.export import rr_config
+
+    args = _checked("eigtrain-rr", rr_config.USAGE, rr_config.parse_args, argv)
+    if isinstance(args, int):
+        return args
+    from eigtrain.export.command import main
+
+    return main(args)
+
+
+def evaluate(argv: list[str] | None = None) -> int:
+    from eigtrain.cli import compose_dataclass
+    from eigtrain.evaluate.eval_config import USAGE, EvalConfig
+
+    args = _checked("eigtrain-eval", USAGE, lambda a: compose_dataclass(EvalConfig, a).validate(), argv)
+    if isinstance(args, int):
+        return args
+    from eigtrain.evaluate.command import main
+
+    return main(args)
+
+
+def embed(argv: list[str] | None = None) -> int:
+    from eigtrain.cli import compose_dataclass
+    from eigtrain.export.embed_config import USAGE, EmbedConfig
+
+    args = _checked("eigtrain-embed", USAGE, lambda a: compose_dataclass(EmbedConfig, a).validate(), argv)
+    if isinstance(args, int):
+        return args
+    from eigtrain.export.corpus import main
+
+    return main(args)
+
+
+def export(argv: list[str] | None = None) -> int:
+    from eigtrain.cli import compose_dataclass
+    from eigtrain.export.export_config import USAGE, ExportConfig
+
+    args = _checked("eigtrain-export", USAGE, lambda a: compose_dataclass(ExportConfig, a).validate(), argv)
+    if isinstance(args, int):
+        return args
+    from eigtrain.export.standalone import main
+
+    return main(args)
+
+
+def shards(argv: list[str] | None = None) -> None:
+    from eigtrain.data import shards_config as c
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    if asks_for_help(args, c.USAGE):
+        return None
+    index = args[:1] == ["index"]
+    try:
+        c.check_index_args(args[1:]) if index else c.parse_args(args)
+    except ValueError as error:  # the command's own form of the refusal (exit status 1)
+        raise SystemExit(f"eigtrain-shards{' index' if index else ''}: error: {error}") from None
+    from eigtrain.data.write import main
+
+    return main(args)
+
+
+def synthetic(argv: list[str] | None = None) -> int:
+    from eigtrain.synthetic import config as c
+
+    def check(args: list[str]) -> None:
+        if not args or args[0] not in ("grid", "table"):  # a run (grid and table check theirs in the command)
+            c.parse_run_args(args).validate()
+
+    args = _checked("eigtrain-synthetic", c.USAGE, check, argv)
+    if isinstance(args, int):
+        return args
+    from eigtrain.synthetic.cli import main
+
+    return main(args)
+
+
+def train() -> None:
+    """eigtrain-train (Hydra reads sys.argv): each point of the command line against the schema, then the trainer."""
+    from eigtrain.cli import check_hydra_command_line, hydra_overrides
+    from eigtrain.redact import redact_url
+    from eigtrain.schema import ConfigError
+    from eigtrain.train import compose
+
+    args = sys.argv[1:]
+    if hydra_overrides(args) is None and any(a in ("-h", "--help", "--hydra-help") for a in args):
+        compose.hydra_app_help()  # Hydra prints the app's help and exits
+    try:
+        check_hydra_command_line(args, compose.check_schema)
+    except (ConfigError, ValueError) as error:
+        raise SystemExit(redact_url(f"eigtrain-train: config error: {error}")) from None
+    from eigtrain.train.command import main
+
+    main()
