@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -149,7 +150,7 @@ def embed_share(
     head = head.to(device)
     keys: list[str] = []
     rows: list[torch.Tensor] = []
-    written = 0
+    written, done, start = 0, 0, time.perf_counter()
     for batch in stream:
         todo = [i for i, key in enumerate(batch["key"]) if key not in skip]
         if not todo:
@@ -162,10 +163,26 @@ def embed_share(
             features = torch.cat(rows)
             write_chunk(out, env.rank, index, keys[: cfg.chunk_size], features[: cfg.chunk_size], spec)
             keys, rows, index, written = keys[cfg.chunk_size :], [features[cfg.chunk_size :]], index + 1, written + 1
+            done += cfg.chunk_size
+            _progress(env, done, stream.num_samples, index, time.perf_counter() - start)
     if keys:
         write_chunk(out, env.rank, index, keys, torch.cat(rows), spec)
         written += 1
     return stream.num_samples, written
+
+
+PROGRESS_QUIET_S = 5.0  # a short embed prints nothing; a long one says how far it is at every chunk
+
+
+def _progress(env, done: int, total: int, chunks: int, elapsed: float) -> None:
+    """Rank 0's progress line at each chunk it writes, once the embed has run for PROGRESS_QUIET_S seconds (plain
+    lines: they read the same in a terminal, a Slurm log and a CI log)."""
+    if env.rank == 0 and elapsed >= PROGRESS_QUIET_S:
+        share = f"~{total // env.world_size:,} (this rank's share)" if env.world_size > 1 else f"{total:,}"
+        print(
+            f"eigtrain-embed: {done:,} of {share} samples embedded ({chunks} chunks), {elapsed:.0f} s so far",
+            flush=True,
+        )
 
 
 def finish(out: Path, manifest: dict, expected: int) -> dict:

@@ -76,6 +76,21 @@ def test_a_prefix_in_float16(trained, whole, tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
 
 
+def test_a_long_embed_says_how_far_it_is(trained, tmp_path, capsys, monkeypatch):
+    """Issue 55: progress on long embeds. Past PROGRESS_QUIET_S (here 0) rank 0 prints one line per chunk written:
+    samples so far of the split, chunks, seconds; a short embed (the default 5 s) prints none of them."""
+    import eigtrain.export.corpus as corpus
+
+    monkeypatch.setattr(corpus, "PROGRESS_QUIET_S", 0.0)
+    assert embed_main([f"run_dir={trained}", f"out={tmp_path / 'p'}", *SMALL]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "samples embedded" in line]
+    assert lines[0].startswith(f"eigtrain-embed: 50 of {N_VAL:,} samples embedded (1 chunks), "), lines[0]
+    assert len(lines) == N_VAL // 50  # one per full chunk
+    monkeypatch.undo()
+    assert embed_main([f"run_dir={trained}", f"out={tmp_path / 'q'}", *SMALL]) == 0
+    assert "samples embedded" not in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_killed_mid_way_and_rerun_gives_the_uninterrupted_output(trained, whole, tmp_path):
     out = tmp_path / "emb"
