@@ -30,6 +30,9 @@ _DEFAULT_MODE = 0o644
 class OutputError(OSError):
     """A file eigtrain was writing could not be written whole; its message is one line naming the path."""
 
+    def __str__(self) -> str:  # the line itself, without OSError's "[Errno N]" prefix
+        return self.strerror or super().__str__()
+
 
 def _explain(path: Path, error: OSError) -> OutputError:
     if error.errno == errno.ELOOP:

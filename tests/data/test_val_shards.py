@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from eigtrain.evaluate.command import main as eval_main
 from eigtrain.export.command import main as rr_main
+from eigtrain.runs.checkpoint_verify import record_file
 from eigtrain.schema import ConfigError
 from eigtrain.train.checks import validate
 from tests.support.foreign_shards import N_TRAIN, N_VAL, TRAIN_PER_CLASS, VAL_PER_CLASS, train_overrides, write_shards
@@ -56,6 +57,7 @@ def without_val_shards(run_dir: Path, copy: Path) -> Path:
     cfg = OmegaConf.load(copy / "config.yaml")
     del cfg.data["val_shards"]
     OmegaConf.save(cfg, copy / "config.yaml")
+    record_file(copy, "config.yaml")  # as eigtrain would have recorded it then
     return copy
 
 

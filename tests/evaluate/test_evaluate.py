@@ -136,7 +136,7 @@ def test_eval_command_on_stored_features_with_retrieval_options(tmp_path, capsys
     )
     capsys.readouterr()
     assert eval_main([*args, "retrieval=annoy"]) == 2
-    assert "backend='annoy' is unknown" in capsys.readouterr().err
+    assert "retrieval='annoy' is unknown" in capsys.readouterr().err
 
 
 def test_eval_refuses_to_score_probes_on_the_split_they_are_fitted_on(tmp_path, capsys):

@@ -56,9 +56,9 @@ def _straight_cut_errors(z1, z2, folds, t, lam, centre):
     whole_gram, whole_cross = (sum(p[j] * p[2] / n for p in projected) for j in (0, 1))
     gap = lam[None, :] - lam[:m, None]
     np.fill_diagonal(gap, 1.0)
-    half_sum = (lam[:m, None] + lam[None, :]) / 2
+    inside = lam[:m, None]  # the first-order coefficient c_ji = (dK_ji - lambda_i dG_ji) / (lambda_i - lambda_j)
     squared = sum(
-        (((cross - whole_cross) - half_sum * (gram - whole_gram)) / gap) ** 2 * k / (n * (FOLDS - 1))
+        (((cross - whole_cross) - inside * (gram - whole_gram)) / gap) ** 2 * k / (n * (FOLDS - 1))
         for gram, cross, k in projected
     )
     np.fill_diagonal(squared, 0.0)
@@ -111,7 +111,7 @@ def test_non_finite_rows_are_refused_before_any_fold_changes():
 
 def test_float32_files_export_the_float64_solve(tmp_path):
     """eigtrain-rr on float32 .npy files (read as stored, memory-mapped) equals scipy's generalized eigh of the
-    float64 moments, and its cut errors equal the straightforward ones."""
+    float64 moments, and its cut errors equal the straightforward ones (embedding files: folds in contiguous blocks)."""
     z1, z2 = _pairs(n=3001, d=6)
     (tmp_path / "emb").mkdir()
     np.save(tmp_path / "emb" / "z1.npy", z1)
@@ -126,6 +126,6 @@ def test_float32_files_export_the_float64_solve(tmp_path):
     np.testing.assert_allclose(tensors["transform"].numpy() * signs, vecs, atol=1e-9)
     manifest = json.loads((tmp_path / "rr" / "manifest.json").read_text())
     expected = _straight_cut_errors(
-        z1, z2, np.arange(len(z1)) % FOLDS, tensors["transform"].numpy(), lam, tensors["mean"].numpy()
+        z1, z2, np.arange(len(z1)) * FOLDS // len(z1), tensors["transform"].numpy(), lam, tensors["mean"].numpy()
     )
     np.testing.assert_allclose(manifest["cuts"]["error"], expected, rtol=1e-5, atol=1e-6)  # the manifest rounds

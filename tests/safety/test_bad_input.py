@@ -569,7 +569,7 @@ CASES = [  # name, set-up and command, (exit code, regex of the one line eigtrai
     case("url-with-user-and-password", userinfo_url, OK),
     case("pipe-command-with-a-token-header", pipe_with_token, OK),
     case("out-an-existing-run-dir", out_existing_run_dir, (2, r"my-run")),
-    case("out-read-only", out_read_only, (2, r"(Read-only file system|Permission denied).*ro")),
+    case("out-read-only", out_read_only, (2, r"cannot write .*ro/export: (Read-only file system|Permission denied)")),
     case("out-full-disk", out_full_disk, (2, r"No space left on device")),
     case("rr-without-image-size", no_image_size, (2, r"encoder= with data.shards needs data.image_size")),
     case("rr-unknown-key", rr_args("colour=red"), (2, r"unknown key 'colour'; allowed: ")),

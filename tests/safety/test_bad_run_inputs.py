@@ -13,6 +13,8 @@ from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
+from eigtrain.runs.checkpoint_verify import record_file
+
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -105,6 +107,7 @@ def test_an_unsafe_yaml_tag_in_a_saved_config_is_one_line_and_never_runs(run_cop
     mark = tmp_path / "ran"
     config = run_copy / "config.yaml"
     config.write_text(config.read_text() + f"planted: {tag.format(mark=mark)}\n")
+    record_file(run_copy, "config.yaml")  # whoever plants a tag can rewrite the recorded sha256 too
     code, err = rr(f"run_dir={run_copy}") if command == "rr" else evaluate(f"run_dir={run_copy}")
     assert code == 2 and not mark.exists()
     line = _one_line(err)
