@@ -191,7 +191,7 @@ def lightly_cell(args, seed: int, peer: str) -> dict:
             if step == cfg.steps:
                 break
     rate = cfg.steps * cfg.batch_size / (time.perf_counter() - start)
-    return {"samples_per_s": rate, **peer_scores(backbone, args, device)}
+    return {"samples_per_s": rate, "final_loss": float(loss), **peer_scores(backbone, args, device)}
 
 
 @torch.no_grad()
@@ -205,10 +205,15 @@ def peer_scores(backbone, args, device) -> dict:
         images = x.view(-1, 1, 28, 28).expand(-1, 3, -1, -1)
         feats[split] = (torch.cat([backbone((b.to(device) - mean) / std).cpu() for b in images.split(1000)]), y)
     (tz, ty), (vz, vy) = feats["train"], feats["val"]
+    if not all(bool(torch.isfinite(z).all()) for z in (tz, vz)):  # the training diverged: nothing to probe
+        return {"diverged": "the backbone's features are not finite", "dim": tz.shape[1]}
     result = scores(tz, ty, vz, vy)
-    ptrain, ptest = pca_features(tz, vz)
-    result["pca"] = {str(k): probe_accuracy(ptrain[:, :k], ty, ptest[:, :k], vy).item() for k in PEER_K}
     result["dim"] = tz.shape[1]
+    try:  # a collapsed embedding (most directions dead) can leave PCA's small-k features without a whitening
+        ptrain, ptest = pca_features(tz, vz)
+        result["pca"] = {str(k): probe_accuracy(ptrain[:, :k], ty, ptest[:, :k], vy).item() for k in PEER_K}
+    except torch.linalg.LinAlgError as error:
+        result["pca_failed"] = str(error).splitlines()[0]
     return result
 
 
@@ -250,10 +255,13 @@ def report_lines(results: dict, args, stem: Path) -> list[str]:
             f"{np.mean([r['samples_per_s'] for r in reps]):.0f} |"
         )
     for peer, cells in results["lightly"].items():
-        cs = list(cells.values())
+        cs = [c for c in cells.values() if "diverged" not in c]  # a diverged seed is said, never averaged in
+        gone = [f"seed {s}: {c['diverged']}" for s, c in cells.items() if "diverged" in c]
         lines.append(
-            f"| lightly {peer} (backbone) | {cs[0]['dim']} | {claims_table.fmt([c['probe'] for c in cs])} | "
-            f"{claims_table.fmt([c['knn'] for c in cs])} | {np.mean([c['samples_per_s'] for c in cs]):.0f} |"
+            f"| lightly {peer} (backbone){' — diverged: ' + '; '.join(gone) if gone else ''} | "
+            f"{list(cells.values())[0]['dim']} | {claims_table.fmt([c['probe'] for c in cs])} | "
+            f"{claims_table.fmt([c['knn'] for c in cs])} | "
+            f"{np.mean([c['samples_per_s'] for c in cells.values()]):.0f} |"
         )
     if results["lightly"]:
         lines += ["", "## Small k: PCA of lightly's embedding vs eigtrain's ordered export (probe %)", ""]
@@ -269,7 +277,7 @@ def report_lines(results: dict, args, stem: Path) -> list[str]:
         for peer, cells in results["lightly"].items():
             lines.append(
                 f"| lightly {peer}, PCA | "
-                + " | ".join(claims_table.fmt([c["pca"][str(k)] for c in cells.values()]) for k in PEER_K)
+                + " | ".join(claims_table.fmt([c["pca"][str(k)] for c in cells.values() if "pca" in c]) for k in PEER_K)
                 + " |"
             )
     cells = table_cells(results)
