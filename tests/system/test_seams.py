@@ -29,6 +29,7 @@ from sklearn.datasets import load_digits
 from eigtrain.data.write import main as write_shards_cli
 from eigtrain.evaluate.command import main as eval_main
 from eigtrain.export.command import main as rr_main
+from eigtrain.runs.checkpoint_verify import record_file
 from eigtrain.train.metrics_log import read_metrics
 from tests.support.foreign_shards import (
     LABELLED_CLASSES,
@@ -344,6 +345,7 @@ def test_eval_of_a_shards_run_without_val_shards_refuses_with_one_line(runs, tmp
     cfg = OmegaConf.load(copy / "config.yaml")
     cfg.data.val_shards = None
     OmegaConf.save(cfg, copy / "config.yaml")
+    record_file(copy, "config.yaml")  # as eigtrain records the config.yaml of a run trained this way
     capsys.readouterr()
     assert eval_main([f"run_dir={copy}", f"out={tmp_path / 'eval'}", *EVAL]) == 2
     err = capsys.readouterr().err.strip()
