@@ -196,17 +196,30 @@ def spectrum_cuts(weights: np.ndarray, second_moments: np.ndarray, shares=SPECTR
 
 
 def spectrum_funnels(weights: np.ndarray, second_moments: np.ndarray) -> dict[str, list[tuple[int, int]]]:
-    """The funnels the spectrum chooses: MRL's shortlist at k1 then full d, and a three-stage k1 -> k2 -> d."""
+    """The funnels the spectrum chooses: MRL's shortlist at k1 then full d, and a three-stage k1 -> k2 -> d; each
+    without redundant stages (`plain_stages`), and a plan that comes out the same as another given once."""
     d = len(weights)
     k1, k2 = (max(1, k) for k in spectrum_cuts(weights, second_moments))
-    return {
-        f"spectrum {SHORTLIST}@{k1} -> {d}": [(k1, SHORTLIST), (d, TOP)],
-        f"spectrum {SHORTLIST}@{k1} -> {SECOND_SHORTLIST}@{k2} -> {d}": [
-            (k1, SHORTLIST),
-            (k2, SECOND_SHORTLIST),
-            (d, TOP),
-        ],
-    }
+    plans = [[(k1, SHORTLIST), (d, TOP)], [(k1, SHORTLIST), (k2, SECOND_SHORTLIST), (d, TOP)]]
+    funnels: dict[str, list[tuple[int, int]]] = {}
+    for stages in map(plain_stages, plans):
+        name = "spectrum " + " -> ".join(f"{m}@{k}" if m != TOP else f"{k}" for k, m in stages)
+        if stages not in funnels.values():
+            funnels[name] = stages
+    return funnels
+
+
+def plain_stages(stages: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """A funnel without redundant stages: a stage that scores at no more coordinates than the stage before it
+    reranks by the same (or a coarser) prefix, so its cut is merged into the stage before (keeping the smaller
+    shortlist); e.g. 200@16 -> 50@16 -> 64 is 50@16 -> 64, and 200@64 -> 64 at d = 64 is 10@64 (a full search)."""
+    plain: list[tuple[int, int]] = []
+    for k, m in stages:
+        if plain and k <= plain[-1][0]:
+            plain[-1] = (plain[-1][0], min(plain[-1][1], m))
+        else:
+            plain.append((k, m))
+    return plain
 
 
 def pca_axes(vectors: np.ndarray) -> np.ndarray:

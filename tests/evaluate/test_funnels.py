@@ -166,3 +166,20 @@ def test_bench_funnels_writes_every_row_family_and_its_exact_rows_recall_everyth
         assert rows["fixed k=20"]["recall@10"] == 1.0 and rows["bound early stop"]["recall@10"] == 1.0
         assert {bench._family(m) for m in rows} == {"fixed", "MRL", "spectrum", "bound", "PCA", "IVF-PQ"}
     assert (tmp_path / "funnels.md").exists() and (tmp_path / "funnels.png").stat().st_size > 0
+
+
+def test_funnel_plans_have_no_redundant_stages():
+    """Issue 55: a stage scoring at no more coordinates than the one before reranks by the same prefix: merged
+    (the smaller shortlist kept); plans the spectrum chooses carry no such stage and none is given twice."""
+    from eigtrain.evaluate.funnels import TOP, plain_stages, spectrum_funnels
+
+    assert plain_stages([(16, 200), (16, 50), (64, TOP)]) == [(16, 50), (64, TOP)]
+    assert plain_stages([(64, 200), (64, TOP)]) == [(64, TOP)]  # a shortlist at full size is the full search
+    assert plain_stages([(8, 200), (32, 50), (64, TOP)]) == [(8, 200), (32, 50), (64, TOP)]
+    steep = np.r_[np.ones(4), np.full(60, 1e-9)]  # every cut of the spectrum at k = 4: k1 = k2
+    plans = spectrum_funnels(steep, np.ones(64))
+    for stages in plans.values():
+        assert all(a[0] < b[0] for a, b in zip(stages, stages[1:])), plans
+    assert len({tuple(s) for s in plans.values()}) == len(plans)
+    flat = np.linspace(1, 0.5, 64)
+    assert list(spectrum_funnels(flat, np.ones(64))) == ["spectrum 200@52 -> 64", "spectrum 200@52 -> 50@63 -> 64"]
