@@ -13,8 +13,11 @@ from typing import Any, Callable
 from eigtrain.cli import asks_for_help
 
 
-def _checked(name: str, usage: str, check: Callable[[list[str]], Any], argv: list[str] | None) -> list[str] | int:
-    """The command's arguments when they pass `check`; else its exit status (0 after -h, 2 after one error line)."""
+def _run(name: str, usage: str, check: Callable[[list[str]], Any], module: str, argv: list[str] | None) -> Any:
+    """`module`'s main(args) once the arguments pass `check`; else the exit status (0 after -h, 2 after one error
+    line). `module` (torch and all) is imported only then."""
+    import importlib
+
     from eigtrain.redact import redact_url
 
     args = sys.argv[1:] if argv is None else list(argv)
@@ -25,54 +28,38 @@ def _checked(name: str, usage: str, check: Callable[[list[str]], Any], argv: lis
     except ValueError as error:  # ConfigError and every one-line configuration refusal are ValueErrors
         print(redact_url(f"{name}: {error}"), file=sys.stderr)
         return 2
-    return args
+    return importlib.import_module(module).main(args)
+
+
+def _validated(schema: type) -> Callable[[list[str]], Any]:
+    """The check of a command whose configuration is one dataclass with a validate() method."""
+    from eigtrain.cli import compose_dataclass
+
+    return lambda args: compose_dataclass(schema, args).validate()
 
 
 def rr(argv: list[str] | None = None) -> int:
-    from eigtrain.export import rr_config
+    from eigtrain.export import rr_config as c
 
-    args = _checked("eigtrain-rr", rr_config.USAGE, rr_config.parse_args, argv)
-    if isinstance(args, int):
-        return args
-    from eigtrain.export.command import main
-
-    return main(args)
+    return _run("eigtrain-rr", c.USAGE, c.parse_args, "eigtrain.export.command", argv)
 
 
 def evaluate(argv: list[str] | None = None) -> int:
-    from eigtrain.cli import compose_dataclass
-    from eigtrain.evaluate.eval_config import USAGE, EvalConfig
+    from eigtrain.evaluate import eval_config as c
 
-    args = _checked("eigtrain-eval", USAGE, lambda a: compose_dataclass(EvalConfig, a).validate(), argv)
-    if isinstance(args, int):
-        return args
-    from eigtrain.evaluate.command import main
-
-    return main(args)
+    return _run("eigtrain-eval", c.USAGE, _validated(c.EvalConfig), "eigtrain.evaluate.command", argv)
 
 
 def embed(argv: list[str] | None = None) -> int:
-    from eigtrain.cli import compose_dataclass
-    from eigtrain.export.embed_config import USAGE, EmbedConfig
+    from eigtrain.export import embed_config as c
 
-    args = _checked("eigtrain-embed", USAGE, lambda a: compose_dataclass(EmbedConfig, a).validate(), argv)
-    if isinstance(args, int):
-        return args
-    from eigtrain.export.corpus import main
-
-    return main(args)
+    return _run("eigtrain-embed", c.USAGE, _validated(c.EmbedConfig), "eigtrain.export.corpus", argv)
 
 
 def export(argv: list[str] | None = None) -> int:
-    from eigtrain.cli import compose_dataclass
-    from eigtrain.export.export_config import USAGE, ExportConfig
+    from eigtrain.export import export_config as c
 
-    args = _checked("eigtrain-export", USAGE, lambda a: compose_dataclass(ExportConfig, a).validate(), argv)
-    if isinstance(args, int):
-        return args
-    from eigtrain.export.standalone import main
-
-    return main(args)
+    return _run("eigtrain-export", c.USAGE, _validated(c.ExportConfig), "eigtrain.export.standalone", argv)
 
 
 def shards(argv: list[str] | None = None) -> None:
@@ -98,12 +85,7 @@ def synthetic(argv: list[str] | None = None) -> int:
         if not args or args[0] not in ("grid", "table"):  # a run (grid and table check theirs in the command)
             c.parse_run_args(args).validate()
 
-    args = _checked("eigtrain-synthetic", c.USAGE, check, argv)
-    if isinstance(args, int):
-        return args
-    from eigtrain.synthetic.cli import main
-
-    return main(args)
+    return _run("eigtrain-synthetic", c.USAGE, check, "eigtrain.synthetic.cli", argv)
 
 
 def train() -> None:
