@@ -26,6 +26,7 @@ from eigtrain.data.from_config import (
 )
 from eigtrain.data.pipe_trust import SOURCE_KEYS, check_saved_sources
 from eigtrain.export.moments import RRAccumulator
+from eigtrain.export.run_preprocess import normalization, sized
 from eigtrain.export.run_weights import final_or_newest, read_newest
 from eigtrain.models.encoder import PairEncoder
 from eigtrain.redact import saved_value_usable
@@ -135,18 +136,14 @@ def check_split(run: TrainedRun, split: str) -> str:
     return split_source(data, split)
 
 
-def normalization(data: DataConfig) -> dict:
-    """The mean/std the run trained with (its config, else its augmentation preset's defaults)."""
-    mean, std = NORMALIZATION[data.augment]
-    return {"mean": tuple(data.mean) if data.mean else mean, "std": tuple(data.std) if data.std else std}
-
-
 def split_stream(
     run: TrainedRun, split: str, batch_size: int, num_workers: int, rank: int, world: int, device="cpu"
 ) -> ShardStream:
-    """One pass over the run's data (data.root's split, or data.shards with the run's cached counts, in its channels)."""
+    """One pass over the run's data (data.root's split, or data.shards with the run's cached counts), in its channels
+    and at its decoded size (`sized`: a raw image of another size is brought to it)."""
     check_split(run, split)
-    data = run.data
+    shape = read_json(run.run_dir / MODEL_INFO_NAME)["input_shape"]
+    data = sized(run.data, shape)
     if not uses_shards(data):  # each worker reads whole shards of its own; 0 = in-process
         num_workers = min(num_workers, len(read_index(data_root(data)).shards(split)) // world)
     return build_stream(
@@ -160,7 +157,7 @@ def split_stream(
         split=split,
         num_workers=num_workers,
         one_pass=True,
-        channels=int(read_json(run.run_dir / MODEL_INFO_NAME)["input_shape"][0]),
+        channels=int(shape[0]),
     )
 
 
