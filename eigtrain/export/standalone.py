@@ -45,8 +45,9 @@ class StandaloneModel(nn.Module):
 def build_standalone(run_dir: str | os.PathLike, rr_dir: str | os.PathLike | None = None) -> tuple[nn.Module, dict]:
     """The standalone model of a run (eval mode, CPU) and its metadata. The encoder is read from the very weights
     the Rayleigh-Ritz export was computed from (its manifest's source), checked by their sha256."""
-    from eigtrain.export.embed import normalization, open_run
+    from eigtrain.export.embed import open_run
     from eigtrain.export.files import MANIFEST, TENSORS, load_head
+    from eigtrain.export.run_preprocess import SIMILARITY, normalization, preprocess_spec
     from eigtrain.runs.checksums import file_sha256
 
     run_dir = Path(run_dir)
@@ -89,6 +90,8 @@ def build_standalone(run_dir: str | os.PathLike, rr_dir: str | os.PathLike | Non
         },
         "output": {"name": "features", "shape": [None, int(transform.shape[1])], "ordered": True},
         "eigenvalues": [float(v) for v in eigenvalues],
+        "preprocess": preprocess_spec(run.data, input_shape),  # raw image -> input (eigtrain.export.preprocess)
+        "similarity": dict(SIMILARITY),
         "head_input": "l2_normalized" if head.l2_normalize else "raw",
         "source": {
             "run_dir": str(run_dir.resolve()),
