@@ -6,6 +6,7 @@ The table itself: eigtrain.evaluate.table.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -14,6 +15,7 @@ from eigtrain import safe_files
 from eigtrain.dist import resolve_env, select_device
 from eigtrain.evaluate import retrieval
 from eigtrain.evaluate.eval_config import USAGE, EvalConfig  # noqa: F401  (checked before torch: eigtrain.commands)
+from eigtrain.evaluate.label_free import UNLABELLED, label_free, label_free_table
 from eigtrain.evaluate.probes import spectrum_report
 from eigtrain.evaluate.report import write_report
 from eigtrain.evaluate.table import adaptive_dimension_table
@@ -25,8 +27,8 @@ from eigtrain.train.knn import dims_for
 
 def _load_features(path: str):
     """(train_z, train_y, test_z, test_y) from an .npz, checked before any work: 2-D real features of one width,
-    one integer label per row, none negative; labels are renumbered 0..C-1 (only their equality counts), so a
-    label of 10**12 is one class, not 10**12 of them."""
+    one integer label per row, none below -1 (unlabelled); no train_y and test_y at all: every row unlabelled (-1).
+    Labels are renumbered later (class_ids: only their equality counts, a label of 10**12 is one class)."""
     import numpy as np
 
     if not Path(path).is_file():
@@ -36,25 +38,27 @@ def _load_features(path: str):
         if not isinstance(data, np.lib.npyio.NpzFile):
             raise ValueError(f"{path} is one array, not an .npz archive of train_z, train_y, test_z, test_y")
         with data:
-            missing = [k for k in FEATURE_ARRAYS if k not in data]
+            unlabelled = "train_y" not in data and "test_y" not in data  # label-free features
+            missing = [k for k in FEATURE_ARRAYS if k not in data and not (unlabelled and k.endswith("_y"))]
             if missing:
                 raise ValueError(f"{path} lacks array(s) {missing}")
-            arrays = {k: data[k] for k in FEATURE_ARRAYS}
+            arrays = {k: data[k] for k in FEATURE_ARRAYS if k in data}
     except (ValueError, OSError, EOFError) as error:
         raise ValueError(str(error) if str(path) in str(error) else f"cannot read {path}: {error}") from None
+    for split in ("train", "test") if unlabelled else ():
+        arrays[f"{split}_y"] = np.full(len(arrays[f"{split}_z"]), UNLABELLED)
     _check_features(path, arrays)
-    labels = np.unique(np.concatenate([arrays["train_y"], arrays["test_y"]]), return_inverse=True)[1]
-    n = len(arrays["train_y"])
     z = lambda k: torch.from_numpy(arrays[k].astype(np.float32, copy=False))  # noqa: E731
-    return z("train_z"), torch.from_numpy(labels[:n]), z("test_z"), torch.from_numpy(labels[n:])
+    y = lambda k: torch.from_numpy(arrays[k].astype(np.int64))  # noqa: E731
+    return z("train_z"), y("train_y"), z("test_z"), y("test_y")
 
 
 FEATURE_ARRAYS = ("train_z", "train_y", "test_z", "test_y")
 
 
 def class_ids(train_y: torch.Tensor, test_y: torch.Tensor, sources: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """A run's labels as class ids 0..C-1 (only their equality counts: a label of 10**12 is one class); a negative
-    label (-1 often marks an unlabelled sample) is refused in one line naming the split's data."""
+    """Labels as class ids 0..C-1 (only their equality counts: a label of 10**12 is one class); a negative label
+    is refused in one line naming the split's data (-1, unlabelled, is label_free's: all or none)."""
     for split, y in (("train", train_y), ("test", test_y)):
         if len(y) and int(y.min()) < 0:
             raise ValueError(
@@ -84,8 +88,10 @@ def _check_features(path: str, arrays: dict) -> None:
         integral = np.issubdtype(y.dtype, np.integer) or (
             np.issubdtype(y.dtype, np.floating) and np.isfinite(y).all() and (y == np.round(y)).all()
         )
-        if not integral or (len(y) and y.min() < 0):
-            raise ValueError(f"{path}: {split}_y must hold class indices (integers >= 0), got {y.dtype} {y[:3]}...")
+        if not integral or (len(y) and y.min() < UNLABELLED):
+            raise ValueError(
+                f"{path}: {split}_y must hold class indices (integers >= 0; -1: unlabelled), got {y.dtype} {y[:3]}..."
+            )
     if arrays["train_z"].shape[1] != arrays["test_z"].shape[1]:
         raise ValueError(
             f"{path}: train_z and test_z have different widths {arrays['train_z'].shape[1]} and {arrays['test_z'].shape[1]}"
@@ -97,50 +103,88 @@ def _check_features(path: str, arrays: dict) -> None:
 
 
 def evaluate(cfg) -> tuple[dict, dict]:
-    from eigtrain.export.embed import check_split, command_line_data, embed_split, open_run
-
     cfg.validate()
     if cfg.out:  # before any work (write_report checks again): never write into a directory of someone else's
         check_output_dir(cfg.out, EVAL_ENTRIES, "out")
     device = str(select_device(resolve_env(), cfg.device))  # this task's GPU, bound as the trainer binds it
+    inputs = _inputs(cfg, device)
+    train, test, runs = inputs["train"], inputs["test"], inputs["runs"]
+    reason = label_free(inputs["train_y"], inputs["test_y"], inputs["sources"])
+    if reason:  # said first, in one line: the report that follows has no probe table
+        print(f"eigtrain-eval: {reason}", file=sys.stderr, flush=True)
+    rr_dir = cfg.rr or (Path(cfg.run_dir) / "rr" if cfg.run_dir else None)
+    head, provenance = None, None
+    if rr_dir and (Path(rr_dir) / "rr.safetensors").exists():
+        head, provenance = _rr_features(cfg, Path(rr_dir), runs[0] if runs else None, train, test)
+    elif cfg.rr:
+        raise FileNotFoundError(f"no Rayleigh-Ritz export at {cfg.rr} (run eigtrain-rr first)")
+    _more_features(cfg, inputs, device, labelled=not reason)
+    dims = _dims(cfg.dims, train["raw"].shape[1])
+    report = _table(cfg, inputs, dims, reason)
+    report["data"] = inputs["sources"]  # which data each split came from (URLs without credentials)
+    report["input"] = runs[0].output if runs else "features"  # embeddings as the objective saw them, or a file's
+    report["weights"] = [weights_record(r) for r in runs]  # which step each run was scored at
+    if "rr" in train and runs:
+        report["rr_export"] = provenance  # whose weights the export was solved on (eigtrain.runs.provenance)
+    if head is not None and rr_dir:
+        report.update(_export_notes(head, Path(rr_dir), dims, report.get("smallest_k", {}).get("RR", {})))
+    if cfg.retrieval_funnels:  # recall@10 vs cost of prefix searches, funnels and the exact bound-based early stop
+        report["retrieval_funnels"] = _funnels(head, train, test, dims)
+    return report, write_report(report, inputs["out"], Path(cfg.run_dir or cfg.features).name)
+
+
+def _inputs(cfg, device: str) -> dict:
+    """The scored embeddings ("train"/"test" {"raw": ...}), their labels as given, where each split came from, the
+    opened runs (none for features=) and the report's directory."""
     if cfg.features:
         train_z, train_y, test_z, test_y = _load_features(cfg.features)
-        nested, out = False, Path(cfg.out or Path(cfg.features).with_suffix(""))
-        sources, jn, ffs = {"train": f"{cfg.features}: train_z", "test": f"{cfg.features}: test_z"}, None, []
+        sources = {"train": f"{cfg.features}: train_z", "test": f"{cfg.features}: test_z"}
+        out, runs = Path(cfg.out or Path(cfg.features).with_suffix("")), []
     else:
+        from eigtrain.export.embed import check_split, command_line_data, embed_split, open_run
+
         data = command_line_data(cfg.data)
         runs = [open_run(d, device=device, data=data) for d in (cfg.run_dir, cfg.jn_run_dir, *cfg.ff_run_dirs) if d]
         # every run's splits are checked before any is embedded: a refusal costs no work
         checked = [{"train": check_split(r, cfg.train_split), "test": check_split(r, cfg.test_split)} for r in runs]
-        run, sources = runs[0], checked[0]
-        jn, ffs = (runs[1] if cfg.jn_run_dir else None), runs[1 + bool(cfg.jn_run_dir) :]
+        sources, out = checked[0], Path(cfg.out or runs[0].run_dir / "eval")
         (train_z, train_y), (test_z, test_y) = (
-            embed_split(run, s, device=device) for s in (cfg.train_split, cfg.test_split)
+            embed_split(runs[0], s, device=device) for s in (cfg.train_split, cfg.test_split)
         )
-        train_y, test_y = class_ids(train_y, test_y, sources)
-        nested, out = run.cfg.nesting.mode != "none", Path(cfg.out or run.run_dir / "eval")
     train, test = {"raw": train_z}, {"raw": test_z}
-    rr_dir = cfg.rr or (Path(cfg.run_dir) / "rr" if cfg.run_dir else None)
-    head, provenance = None, None
-    if rr_dir and (Path(rr_dir) / "rr.safetensors").exists():
-        head, provenance = _rr_features(cfg, Path(rr_dir), run if cfg.run_dir else None, train, test)
-    elif cfg.rr:
-        raise FileNotFoundError(f"no Rayleigh-Ritz export at {cfg.rr} (run eigtrain-rr first)")
-    if nested:
-        train["jn"], test["jn"] = train_z, test_z
-    if jn is not None:
-        train["jn"], test["jn"] = (embed_split(jn, s, device=device)[0] for s in (cfg.train_split, cfg.test_split))
-    splits = (cfg.train_split, cfg.test_split)
-    fixed = {int(ff.cfg.dim): tuple(embed_split(ff, s, device=device)[0] for s in splits) for ff in ffs}
-    dims = _dims(cfg.dims, train_z.shape[1])
+    return {"train": train, "test": test, "train_y": train_y, "test_y": test_y, "sources": sources, "runs": runs,
+            "out": out}  # fmt: skip
+
+
+def _more_features(cfg, inputs: dict, device: str, labelled: bool) -> None:
+    """JN (the run's own coordinates when nested, or jn_run_dir's) into train/test; FF (ff_run_dirs, each k's model)
+    into inputs["fixed"] when labelled (label-free recall compares each method with its own full size: FF has none)."""
+    from eigtrain.export.embed import embed_split
+
+    runs, train, test, splits = inputs["runs"], inputs["train"], inputs["test"], (cfg.train_split, cfg.test_split)
+    if runs and runs[0].cfg.nesting.mode != "none":
+        train["jn"], test["jn"] = train["raw"], test["raw"]
+    if cfg.jn_run_dir:
+        train["jn"], test["jn"] = (embed_split(runs[1], s, device=device)[0] for s in splits)
+    ffs = runs[1 + bool(cfg.jn_run_dir) :] if labelled else []
+    inputs["fixed"] = {int(ff.cfg.dim): tuple(embed_split(ff, s, device=device)[0] for s in splits) for ff in ffs}
+
+
+def _table(cfg, inputs: dict, dims: list[int], reason: str | None) -> dict:
+    """The probe table (eigtrain.evaluate.table), or without labels the label-free one (eigtrain.evaluate.label_free)."""
     backend = None if cfg.retrieval == "none" else retrieval.resolve_backend(cfg.retrieval)
-    report = adaptive_dimension_table(
+    train, test = inputs["train"], inputs["test"]
+    if reason:
+        args = dict(pca=cfg.pca, retrieval_backend=backend, retrieval_draws=cfg.retrieval_draws, seed=cfg.seed)
+        return label_free_table(train, test, dims, reason, **args)
+    train_y, test_y = class_ids(inputs["train_y"], inputs["test_y"], inputs["sources"])
+    return adaptive_dimension_table(
         train,
         test,
         train_y,
         test_y,
         dims,
-        fixed=fixed,
+        fixed=inputs["fixed"],
         random_draws=cfg.random_draws,
         random_se=cfg.random_se,
         probe=cfg.probe,
@@ -149,17 +193,6 @@ def evaluate(cfg) -> tuple[dict, dict]:
         retrieval_backend=backend,
         retrieval_draws=cfg.retrieval_draws,
     )
-    report["data"] = sources  # which data each split came from (URLs without credentials)
-    report["input"] = run.output if cfg.run_dir else "features"  # embeddings as the objective saw them, or a file's
-    report["weights"] = [weights_record(r) for r in runs] if cfg.run_dir else []  # which step each run was scored at
-    if "rr" in train and cfg.run_dir:
-        report["rr_export"] = provenance  # whose weights the export was solved on (eigtrain.runs.provenance)
-    if head is not None and rr_dir:
-        report.update(_export_notes(head, Path(rr_dir), dims, report["smallest_k"].get("RR", {})))
-    if cfg.retrieval_funnels:  # recall@10 vs cost of prefix searches, funnels and the exact bound-based early stop
-        report["retrieval_funnels"] = _funnels(head, train, test, dims)
-    title = f"Accuracy (%) by representation size — {Path(cfg.run_dir or cfg.features).name}"
-    return report, write_report(report, out, title)
 
 
 def _dims(given: list[int] | None, d: int) -> list[int]:
@@ -178,6 +211,7 @@ def _export_notes(head, rr_dir: Path, dims: list[int], measured: dict) -> dict:
 
     manifest = json.loads((rr_dir / MANIFEST).read_text())
     return {
+        "eigenvalues": head.eigenvalues.tolist(),  # in feature order (the trivial mode excluded, when it is)
         "spectrum": spectrum_report(head.eigenvalues, dims, measured),
         "rr_cuts": manifest.get("cuts"),  # None: an export from before, folds=0, or too few samples
         "rr_ties": manifest.get("ties"),  # ties=variance: the groups reordered by variance
@@ -222,8 +256,6 @@ def _rr_features(cfg, rr_dir: Path, run, train: dict, test: dict):
 
 
 def main(argv: list[str] | None = None) -> int:
-    import sys
-
     from eigtrain.cli import asks_for_help, compose_dataclass, one_line_errors
 
     args = sys.argv[1:] if argv is None else argv

@@ -17,7 +17,7 @@ USAGE = """eigtrain-eval: adaptive-dimension evaluation of a trained run or of s
 RR uses the Rayleigh-Ritz export (default run_dir/rr, written by eigtrain-rr); JN is the run's own
 coordinates when it was trained with joint nesting, or those of jn_run_dir; FF are runs trained at each
 smaller dimension; RS are random subsets of the run's coordinates; PCA the principal components of the
-same embedding. At every size: retrieval (1-NN, recall@1/10), bytes per vector, search time per query.
+same embedding. At every size: retrieval (1-NN, hit@1/10), bytes per vector, search time per query.
 Writes table.md, table.csv, report.json, accuracy_vs_dim.png and retrieval_vs_dim.png; they name the data
 each split came from. A run trained on data.shards has a validation split only with data.val_shards (its
 config's, or given here); the training shards are never scored as validation. data.shards / data.val_shards

@@ -8,19 +8,56 @@ import os
 from pathlib import Path
 
 from eigtrain import safe_files
+from eigtrain.evaluate import report_sections
 from eigtrain.runs.output_dirs import EVAL_ENTRIES, check_output_dir
 from eigtrain.runs.provenance import provenance_line
 from eigtrain.runs.run_step import describe
 
+PROBE_TITLE = "Linear probe accuracy (%) by representation size"
+RETRIEVAL_TITLE = "Probe accuracy, 1-NN accuracy and hit@1 (%) by representation size"
+LABEL_FREE_TITLE = "Label-free evaluation by representation size"
 
-def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> dict[str, Path]:
-    """Markdown + CSV table laid out like the paper's appendix tables, a JSON dump, and the PNG plot; `out_dir` must
-    be new, empty or an earlier report's (its files are replaced; anything else there is refused)."""
+
+def write_report(report: dict, out_dir: str | os.PathLike, name: str = "") -> dict[str, Path]:
+    """Markdown + CSV table laid out like the paper's appendix tables, a JSON dump, and the PNG plots, each titled
+    with what it shows and `name` (the run's or the features file's); `out_dir` must be new, empty or an earlier
+    report's (its files are replaced; anything else there is refused)."""
     out = Path(out_dir)
     check_output_dir(out, EVAL_ENTRIES, "out")
     safe_files.make_dir(out)
     json_path = out / "report.json"  # the numbers first: a report that fails to render loses none of the work
     safe_files.write_text(json_path, json.dumps(report, indent=2, default=str) + "\n")
+    paths = {"markdown": out / "table.md", "csv": out / "table.csv", "json": json_path}
+    if report.get("label_free"):  # no labels: no probe table (eigtrain.evaluate.label_free)
+        lines = _header_lines(report, f"{LABEL_FREE_TITLE} — {name}" if name else LABEL_FREE_TITLE)
+        lines += report_sections.label_free_lines(report) + _constant_and_spectrum_lines(report)
+        rows = list(report_sections.label_free_csv_rows(report))
+    else:
+        lines = _probe_lines(report, f"{PROBE_TITLE} — {name}" if name else PROBE_TITLE)
+        rows = list(_extra_rows(report, report["accuracy"]))
+    lines += report_sections.funnel_lines(report)
+    safe_files.write_text(paths["markdown"], "\n".join(lines) + "\n")
+    with safe_files.atomic_open(paths["csv"], "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["method", *report["dims"]])
+        writer.writerows([label, *[row.get(k, "") for k in report["dims"]]] for label, row in rows)
+        writer.writerows(report_sections.funnel_csv_rows(report))
+    if "accuracy" in report:
+        paths["plot"] = out / "accuracy_vs_dim.png"
+        _plot(report, paths["plot"], name)
+    if "retrieval" in report or "neighbour_recall" in report:
+        paths["retrieval_plot"] = out / "retrieval_vs_dim.png"
+        plot = _plot_retrieval if "retrieval" in report else report_sections.plot_neighbour_recall
+        plot(report, paths["retrieval_plot"], name)
+    if report.get("retrieval_funnels"):
+        paths["funnel_plot"] = out / "retrieval_funnels.png"
+        report_sections.plot_funnels(report, paths["funnel_plot"], name)
+    return paths
+
+
+def _probe_lines(report: dict, title: str) -> list[str]:
+    """table.md's sections for a labelled report: the probe table, RS draws, paired differences, the ordering
+    check, kNN, retrieval, smallest k, constant features and the spectrum."""
     dims, acc = report["dims"], report["accuracy"]
     lines = _header_lines(report, title)
     lines.append("| Methods \\ Dims | " + " | ".join(str(k) for k in dims) + " |")
@@ -49,47 +86,27 @@ def write_report(report: dict, out_dir: str | os.PathLike, title: str = "") -> d
             "kNN accuracy (k=20, cosine in each method's own coordinates, not whitened, full dimension): "
             + ", ".join(f"{n}: {100 * v:.2f}" for n, v in report["knn"].items()),
         ]
-    lines += _retrieval_lines(report)
-    lines += _constant_and_spectrum_lines(report)
-    paths = {
-        "markdown": out / "table.md",
-        "csv": out / "table.csv",
-        "json": out / "report.json",
-        "plot": out / "accuracy_vs_dim.png",
-    }
-    safe_files.write_text(paths["markdown"], "\n".join(lines) + "\n")
-    with safe_files.atomic_open(paths["csv"], "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["method", *dims])
-        for method, row in _extra_rows(report, acc):
-            writer.writerow([method, *[row.get(k, "") for k in dims]])
-    _plot(report, paths["plot"], title)
-    if "retrieval" in report:
-        paths["retrieval_plot"] = out / "retrieval_vs_dim.png"
-        _plot_retrieval(report, paths["retrieval_plot"], title.replace("Accuracy (%)", "Accuracy and retrieval (%)"))
-    return paths
+    return lines + _retrieval_lines(report) + _constant_and_spectrum_lines(report)
 
 
 def _header_lines(report: dict, title: str) -> list[str]:
     """The title, the probe, the data each split came from, the weights and the export's provenance (values read from
     someone's config or paths escaped to one line each)."""
-    probe_note = (
-        "linear probe, SGD 50 epochs"
-        if report["probe"] == "sgd"
-        else "closed-form ridge probe (faster, not the paper's SGD probe)"
-    )
-    if report.get("probe_features") == "whitened":
-        probe_note += ", on each method's first k features whitened on the training split (it scores their span)"
-    lines = [
-        f"### {safe_files.one_line(title or 'Linear probe accuracy (%) by representation size')}",
-        "",
-        f"Probe: {probe_note}.",
-        "",
-    ]
+    lines = [f"### {safe_files.one_line(title)}", ""]
+    if "probe" in report:  # a label-free report has none
+        probe_note = (
+            "linear probe, SGD 50 epochs"
+            if report["probe"] == "sgd"
+            else "closed-form ridge probe (faster, not the paper's SGD probe)"
+        )
+        if report.get("probe_features") == "whitened":
+            probe_note += ", on each method's first k features whitened on the training split (it scores their span)"
+        lines += [f"Probe: {probe_note}.", ""]
     if report.get("data"):
         seen = " Embeddings l2-normalized, as the objective saw them." if report.get("input") == "l2_normalized" else ""
         data = {split: safe_files.one_line(report["data"][split]) for split in ("train", "test")}  # others' values
-        lines += [f"Data: fitted on {data['train']}; scored on {data['test']}.{seen}", ""]
+        roles = ("database", "queries") if report.get("label_free") else ("fitted on", "scored on")
+        lines += [f"Data: {roles[0]} {data['train']}; {roles[1]} {data['test']}.{seen}", ""]
     if report.get("weights"):  # which step each run was scored at (an unfinished run's newest checkpoint)
         used = [
             safe_files.one_line(f"{w['run_dir']} at {describe(w['weights'], w['step'], w['steps'])}")
@@ -104,13 +121,8 @@ def _header_lines(report: dict, title: str) -> list[str]:
 RR_PAPER = "RR (paper)"  # Rayleigh-Ritz in the paper's convention: the constant mode kept as feature 1
 PREFIX_METHODS = (("rr", "RR"), ("rr_paper", RR_PAPER), ("jn", "JN"), ("pca", "PCA"))
 
-RETRIEVAL_METRICS = (("1nn", "1-NN"), ("recall@1", "R@1"), ("recall@10", "R@10"))
-STORAGE_ROWS = (
-    ("fp32", "bytes/vector fp32"),
-    ("fp16", "bytes/vector fp16"),
-    ("int8", "bytes/vector int8"),
-    ("search_us_per_query", "search µs/query"),
-)
+# hit@k: a same-class item among the k nearest (recall@k is the share of the exact top-k found: funnels, label_free)
+RETRIEVAL_METRICS = (("1nn", "1-NN"), ("hit@1", "hit@1"), ("hit@10", "hit@10"))
 
 
 def _extra_rows(report: dict, acc: dict):
@@ -120,14 +132,8 @@ def _extra_rows(report: dict, acc: dict):
     for method, row in report.get("retrieval", {}).items():
         for metric, label in RETRIEVAL_METRICS:
             yield f"{method} {label}", {k: f"{100 * v[metric]:.2f}" for k, v in row.items()}
-    for key, label in STORAGE_ROWS:
-        yield (
-            label,
-            {
-                k: (f"{v[key]:.2f}" if isinstance(v[key], float) else v[key])
-                for k, v in report.get("storage", {}).items()
-            },
-        )
+    if "storage" in report:
+        yield from report_sections.storage_csv_rows(report)
 
 
 def _paired_lines(report: dict) -> list[str]:
@@ -167,8 +173,9 @@ def _retrieval_lines(report: dict) -> list[str]:
             "### Retrieval (%) by representation size",
             "",
             f"Exact cosine search ({setup['backend']}). 1-NN: each of the {setup['queries']} validation vectors "
-            f"against the {setup['database']} training vectors; R@k: among its k nearest other validation "
-            f"vectors one has its class. RS: mean of {setup['rs_draws']} random subsets.",
+            f"against the {setup['database']} training vectors; hit@k: among its k nearest other validation "
+            f"vectors one has its class (not recall@10, the share of an exact top-10 found). RS: mean of "
+            f"{setup['rs_draws']} random subsets.",
             "",
         ]
         lines += [header[0].format("Method, metric \\ Dims"), header[1]]
@@ -179,18 +186,7 @@ def _retrieval_lines(report: dict) -> list[str]:
                     + " | ".join(f"{100 * row[k][metric]:.2f}" if k in row else "–" for k in dims)
                     + " |"
                 )
-        lines += [
-            "",
-            f"### Storage and search time ({setup['database']} training vectors, exact top-10, "
-            f"float32, {setup['backend']}; time measured here, best of 3)",
-            "",
-        ]
-        lines += [header[0].format("Per vector \\ Dims"), header[1]]
-        for key, label in STORAGE_ROWS:
-            cells = [report["storage"][k][key] for k in dims]
-            lines.append(
-                f"| {label} | " + " | ".join(f"{c:.1f}" if isinstance(c, float) else str(c) for c in cells) + " |"
-            )
+        lines += report_sections.storage_lines(report)
     if report.get("smallest_k"):
         lines += [
             "",
@@ -218,7 +214,7 @@ def _constant_and_spectrum_lines(report: dict) -> list[str]:
         ]
         for method, row in report["constant_share"].items():
             lines.append(f"| {method} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
-    if report.get("spectrum"):
+    if report.get("spectrum") and not report.get("label_free"):  # label-free: no measured k (report_sections)
         spec = report["spectrum"]
         lines += [
             "",
@@ -259,64 +255,37 @@ def _constant_and_spectrum_lines(report: dict) -> list[str]:
     return lines
 
 
-def _plot(report: dict, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
+def _plot(report: dict, path: Path, name: str) -> None:
+    plt, fig, ax = report_sections.figure((5, 3.5))
     for method, row in report["accuracy"].items():
         ks = [k for k in report["dims"] if k in row]
         ax.plot(ks, [100 * row[k] for k in ks], marker="o", label=method)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("representation size k")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title(title or "accuracy vs dimension", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    safe_files.write_with(path, lambda tmp: fig.savefig(tmp, format="png"))
-    plt.close(fig)
+    ax.set(xlabel="representation size k", ylabel="linear probe accuracy (%)")
+    report_sections.finish(plt, fig, ax, path, PROBE_TITLE, name)
 
 
-def _plot_retrieval(report: dict, path: Path, title: str) -> None:
-    """Probe accuracy (solid) and 1-NN / R@1 retrieval (dashed, dotted) vs k; fp32 bytes per vector on top."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _plot_retrieval(report: dict, path: Path, name: str) -> None:
+    """Probe accuracy (solid), 1-NN accuracy (dashed) and hit@1 (dotted) vs k; fp32 bytes per vector on top."""
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    plt, fig, ax = report_sections.figure((6, 4))
     dims = report["dims"]
     for i, (method, row) in enumerate(report["accuracy"].items()):
         color = f"C{i}"
         ks = [k for k in dims if k in row]
         ax.plot(ks, [100 * row[k] for k in ks], marker="o", color=color, label=f"{method} probe")
-        for metric, style in (("1nn", "--"), ("recall@1", ":")):
+        for metric, style in (("1nn", "--"), ("hit@1", ":")):
             ret = report["retrieval"].get(method, {})
             ks = [k for k in dims if k in ret]
-            ax.plot(
-                ks,
-                [100 * ret[k][metric] for k in ks],
-                style,
-                marker=".",
-                color=color,
-                label=f"{method} {dict(RETRIEVAL_METRICS)[metric]}",
-            )
+            label = f"{method} {dict(RETRIEVAL_METRICS)[metric]}"
+            ax.plot(ks, [100 * ret[k][metric] for k in ks], style, marker=".", color=color, label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(dims, labels=[str(k) for k in dims], minor=False)
     ax.minorticks_off()
-    ax.set_xlabel("representation size k")
-    ax.set_ylabel("accuracy / recall (%)")
+    ax.set(xlabel="representation size k", ylabel="probe accuracy, 1-NN accuracy, hit@1 (%)")
     top = ax.secondary_xaxis("top", functions=(lambda k: np.multiply(k, 4), lambda b: np.divide(b, 4)))
     top.set_xticks([4 * k for k in dims], labels=[str(4 * k) for k in dims])
     top.minorticks_off()
     top.set_xlabel("bytes per vector, fp32 (fp16: 1/2, int8: 1/4)")
-    ax.set_title(title or "accuracy and retrieval vs dimension", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    safe_files.write_with(path, lambda tmp: fig.savefig(tmp, format="png"))
-    plt.close(fig)
+    report_sections.finish(plt, fig, ax, path, RETRIEVAL_TITLE, name, legend=dict(fontsize=6, ncol=2))

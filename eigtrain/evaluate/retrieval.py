@@ -7,8 +7,10 @@ as fast at k = 16 and 3.7x slower at k = 784, side by side (`python tools/bench_
 
 Metrics on a labelled split (queries = the validation split):
 - 1-NN accuracy: the label of the nearest training vector is the query's;
-- recall@k: among the query's k nearest *other* validation vectors there is one of its class (the
-  deep-metric-learning protocol: leave-one-out search within the split).
+- hit@k: among the query's k nearest *other* validation vectors there is one of its class (the
+  deep-metric-learning protocol, often called Recall@k there: leave-one-out search within the split). Named hit@k
+  here because recall@k is the other measure, the share of the exact full-size top-k a search returns
+  (eigtrain.evaluate.funnels, eigtrain.evaluate.label_free).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def _search_faiss(db: torch.Tensor, q: torch.Tensor, k: int, exclude_self: bool)
 
 
 def retrieval_metrics(train_x, train_y, test_x, test_y, ks=(1, 10), backend: str = "torch") -> dict[str, float]:
-    """{"1nn": ..., "recall@1": ..., "recall@10": ...} as fractions (see the module docstring)."""
+    """{"1nn": ..., "hit@1": ..., "hit@10": ...} as fractions (see the module docstring)."""
     train_y, test_y = train_y.long(), test_y.long()
     nearest = search(train_x, test_x, 1, backend)[:, 0]
     n = len(test_y)  # fractions from exact counts
@@ -85,7 +87,7 @@ def retrieval_metrics(train_x, train_y, test_x, test_y, ks=(1, 10), backend: str
     neighbours = search(test_x, test_x, max(ks), backend, exclude_self=True)
     hits = test_y[neighbours] == test_y[:, None]
     for k in ks:
-        metrics[f"recall@{k}"] = hits[:, :k].any(1).sum().item() / n
+        metrics[f"hit@{k}"] = hits[:, :k].any(1).sum().item() / n
     return metrics
 
 
@@ -114,6 +116,12 @@ def bytes_per_vector(k: int) -> dict[str, int]:
     return {"fp32": 4 * k, "fp16": 2 * k, "int8": k}
 
 
+def storage(database: torch.Tensor, queries: torch.Tensor, dims, backend: str) -> dict[int, dict]:
+    """Per k: bytes per vector and the measured exact top-10 search time per query on the first k features."""
+    seconds = {k: search_seconds_per_query(database[:, :k], queries[:, :k], 10, backend) for k in dims}
+    return {k: {**bytes_per_vector(k), "search_us_per_query": 1e6 * seconds[k]} for k in dims}
+
+
 def retrieval_report(train, test, train_y, test_y, dims, prefixes, fixed, subsets, draws, backend) -> dict:
     """Retrieval per method and k; storage and measured search time per k (on the first ordered features)."""
     metrics = lambda tr, te: retrieval_metrics(tr, train_y, te, test_y, backend=backend)  # noqa: E731
@@ -128,10 +136,8 @@ def retrieval_report(train, test, train_y, test_y, dims, prefixes, fixed, subset
             runs = [metrics(train["raw"][:, s], test["raw"][:, s]) for s in subsets[k][:draws]]
             rows["RS"][k] = {m: sum(r[m] for r in runs) / len(runs) for m in runs[0]}
     timed = next(iter(prefixes.values()), "raw")  # search time depends on k and the sizes, not on the method
-    seconds = {k: search_seconds_per_query(train[timed][:, :k], test[timed][:, :k], 10, backend) for k in dims}
-    storage = {k: {**bytes_per_vector(k), "search_us_per_query": 1e6 * seconds[k]} for k in dims}
     return {
         "retrieval": rows,
-        "storage": storage,
+        "storage": storage(train[timed], test[timed], dims, backend),
         "retrieval_setup": {"backend": backend, "database": len(train_y), "queries": len(test_y), "rs_draws": draws},
     }

@@ -8,9 +8,9 @@ At each dimension k in {4, 8, ..., d}, a linear probe on frozen features for:
   PCA the first k principal components of the same full embedding (the unsupervised baseline),
 plus the paired differences against PCA (on the same test samples, with bootstrap intervals: `PAIRED`), an
 ordering check (RR top-k vs bottom-k) and kNN accuracy. At every k also: retrieval (1-NN accuracy
-against the training split, recall@{1,10} within the validation split; eigtrain.evaluate.retrieval), bytes per
-vector (fp32/fp16/int8), measured exact-search time per query, and the smallest k within 1 and 5 points of
-each method's accuracy at full dimension.
+against the training split, hit@{1,10} within the validation split: a same-class item among the k nearest;
+eigtrain.evaluate.retrieval), bytes per vector (fp32/fp16/int8), measured exact-search time per query, and the
+smallest k within 1 and 5 points of each method's accuracy at full dimension.
 
 Probe: the paper's protocol is a linear classifier trained 50 epochs with SGD (lr 0.1, momentum 0.9,
 weight decay 1e-4, cosine schedule) on frozen features, here whitened on the training split (`probes.whiten`), so
@@ -80,10 +80,10 @@ def adaptive_dimension_table(
         elif label in prefixes:
             name = prefixes[label]
             score(label, {k: (train[name][:, :k], test[name][:, :k]) for k in dims})
-    subsets = _random_subsets(train["raw"].shape[1], dims, random_draws, seed) if rs else {}
-    random_subsets: dict = {}  # how many subsets RS averaged at each k, and the standard error of that mean (points)
+    subsets = random_subsets(train["raw"].shape[1], dims, random_draws, seed) if rs else {}
+    subsets_used: dict = {}  # how many subsets RS averaged at each k, and the standard error of that mean (points)
     if subsets:
-        results["RS"], random_subsets = _subset_results(train["raw"], test["raw"], subsets, acc, progress, random_se)
+        results["RS"], subsets_used = _subset_results(train["raw"], test["raw"], subsets, acc, progress, random_se)
     ordering = _ordering(train, test, results, dims, acc, progress) if "rr" in train else {}
     progress.step("kNN at full dimension")
     report: dict[str, Any] = {
@@ -96,7 +96,7 @@ def adaptive_dimension_table(
         "knn": {name: knn_accuracy(train[name], train_y, test[name], test_y) for name in train},
         "constant_share": constant_shares(test, prefixes, fixed),
         "paired": _paired(correct, seed),
-        **({"random_subsets": random_subsets} if random_subsets else {}),
+        **({"random_subsets": subsets_used} if subsets_used else {}),
     }
     if retrieval_backend is not None:
         progress.step("retrieval at every k")
@@ -162,7 +162,7 @@ def _subset_accuracy(train_raw, test_raw, draws: torch.Tensor, acc, budget_bytes
     )
 
 
-def _random_subsets(d: int, dims: list[int], draws: int, seed: int) -> dict[int, torch.Tensor]:
+def random_subsets(d: int, dims: list[int], draws: int, seed: int) -> dict[int, torch.Tensor]:
     """RS: `draws` random coordinate subsets of each size k (one generator, so the same subsets for every probe).
     At k >= d there is one: every subset is all d coordinates in some order, and the whitened probe, kNN and the
     cosine search are the same in any order of the coordinates."""

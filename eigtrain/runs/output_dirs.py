@@ -38,7 +38,9 @@ RUN_ENTRIES = frozenset(
         ".eigtrain-key",  # the run's identity key (eigtrain.runs.lineage.run_key)
     }
 )
-EVAL_ENTRIES = frozenset({"table.md", "table.csv", "report.json", "accuracy_vs_dim.png", "retrieval_vs_dim.png"})
+EVAL_ENTRIES = frozenset(
+    {"table.md", "table.csv", "report.json", "accuracy_vs_dim.png", "retrieval_vs_dim.png", "retrieval_funnels.png"}
+)
 # eigtrain-embed's fixed names; its chunks (rank-R-chunk-IIIII.safetensors) are matched by eigtrain.export.corpus
 EMBED_ENTRIES = frozenset({"manifest.json", ".manifest.json.tmp"})
 

@@ -9,7 +9,7 @@ import torch
 
 from eigtrain.evaluate.probes import probe_accuracy
 from eigtrain.evaluate.progress import StepProgress
-from eigtrain.evaluate.table import _draws_until, _random_subsets, _subset_accuracy
+from eigtrain.evaluate.table import _draws_until, _subset_accuracy, random_subsets
 from eigtrain.train.knn import knn_accuracy
 
 
@@ -29,7 +29,7 @@ def test_knn_in_blocks_of_test_rows_equals_one_block():
 
 def test_random_subset_probes_in_groups_equal_all_at_once():
     (train, train_y), (test, test_y) = _data(400, 10), _data(100, 10, seed=1)
-    draws = _random_subsets(10, [4], 7, seed=0)[4]
+    draws = random_subsets(10, [4], 7, seed=0)[4]
     acc = lambda tr, te: probe_accuracy(tr, train_y, te, test_y, probe="sgd", epochs=3)  # noqa: E731
     together = _subset_accuracy(train, test, draws, acc, budget_bytes=1 << 40)
     grouped = _subset_accuracy(train, test, draws, acc, budget_bytes=4 * 500 * 4 * 2)  # two draws per group
@@ -49,7 +49,7 @@ def test_progress_is_silent_on_short_evaluations_and_names_each_step_on_long_one
 
 def test_random_subsets_at_full_width_are_one_draw_and_the_probe_ignores_the_coordinate_order():
     """k = d: every subset is every coordinate; the whitened probe scores each order alike, so one draw is the mean."""
-    subsets = _random_subsets(10, [4, 10], 7, seed=0)
+    subsets = random_subsets(10, [4, 10], 7, seed=0)
     assert subsets[4].shape == (7, 4) and subsets[10].shape == (1, 10)
     (train, train_y), (test, test_y) = _data(400, 10), _data(200, 10, seed=1)
     orders = torch.stack([torch.randperm(10, generator=torch.Generator().manual_seed(s)) for s in range(3)])

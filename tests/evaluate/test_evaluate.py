@@ -65,7 +65,7 @@ def test_table_orders_methods_and_writes_readable_report(tmp_path):
     # PCA of the same (shuffled) embedding finds the informative directions; retrieval follows the ordering
     assert acc["PCA"][4] > acc["RS"][4] + 0.2
     ret = report["retrieval"]
-    assert set(ret) == {"RR", "PCA", "RS"} and set(ret["RR"][4]) == {"1nn", "recall@1", "recall@10"}
+    assert set(ret) == {"RR", "PCA", "RS"} and set(ret["RR"][4]) == {"1nn", "hit@1", "hit@10"}
     assert ret["RR"][4]["1nn"] > ret["RS"][4]["1nn"] + 0.2
     assert report["storage"][8]["fp16"] == 16 and report["storage"][8]["search_us_per_query"] > 0
     assert (
@@ -79,19 +79,40 @@ def test_table_orders_methods_and_writes_readable_report(tmp_path):
         cell = paired["RR vs PCA"][k]
         assert abs(cell["difference"] - (acc["RR"][k] - acc["PCA"][k])) < 1e-6
         assert cell["low"] <= cell["difference"] <= cell["high"] and cell["n"] == 200
-    paths = write_report(report, tmp_path, title="blobs")
+    paths = write_report(report, tmp_path, name="blobs")
     md = paths["markdown"].read_text()
     assert "Differences (points) on the same 200 test samples" in md and "| RR vs PCA | " in md
-    assert "| RR |" in md and "closed-form" in md and "| PCA |" in md and "| RR 1-NN |" in md and "| PCA R@10 |" in md
+    assert "| RR |" in md and "closed-form" in md and "| PCA |" in md and "| RR 1-NN |" in md and "| PCA hit@10 |" in md
     assert "| bytes/vector int8 | 4 | 8 | 16 |" in md and "Smallest k within X points" in md
     csv_rows = paths["csv"].read_text().splitlines()
     assert csv_rows[0] == "method,4,8,16" and "bytes/vector fp32,16,32,64" in csv_rows
-    assert any(r.startswith("RS R@1,") for r in csv_rows) and any(r.startswith("search µs/query,") for r in csv_rows)
+    assert any(r.startswith("RS hit@1,") for r in csv_rows) and any(r.startswith("search µs/query,") for r in csv_rows)
+    # one name per measure (issue 55): hit@k is a same-class item among the k nearest; recall@10 is the funnels'
+    assert "R@" not in md and "recall" not in "".join(csv_rows) and "hit@k: among its k nearest" in md
     for plot in ("plot", "retrieval_plot"):
         image = Image.open(paths[plot])
         assert (
             image.size[0] > 300 and len(image.convert("L").getcolors(maxcolors=256 * 256)) > 10
         )  # a real plot, not blank
+
+
+def test_each_plot_is_titled_with_what_it_shows(tmp_path, monkeypatch):
+    """Issue 55: retrieval_vs_dim.png was titled with accuracy and its axis said "accuracy / recall" for probe
+    accuracy, 1-NN accuracy and hit@1; each plot's title and y axis now name its measures."""
+    from matplotlib.axes import Axes
+
+    x, y = blobs()
+    train, test = {"rr": x[:400], "raw": x[:400]}, {"rr": x[400:], "raw": x[400:]}
+    report = adaptive_dimension_table(train, test, y[:400], y[400:], dims=[4, 16], random_draws=2, probe="closed_form")
+    seen: list[tuple[str, str]] = []
+    monkeypatch.setattr(Axes, "set_title", lambda ax, text, **kw: seen.append(("title", text)))
+    monkeypatch.setattr(Axes, "set_ylabel", lambda ax, text, **kw: seen.append(("y", text)))
+    write_report(report, tmp_path, name="blobs")
+    accuracy, retrieval = seen[: len(seen) // 2], seen[len(seen) // 2 :]
+    assert dict(accuracy) == {"title": "Linear probe accuracy (%) by representation size — blobs",
+                              "y": "linear probe accuracy (%)"}  # fmt: skip
+    assert dict(retrieval)["title"].startswith("Probe accuracy, 1-NN accuracy and hit@1 (%)")
+    assert dict(retrieval)["y"] == "probe accuracy, 1-NN accuracy, hit@1 (%)"
 
 
 def test_eval_command_on_stored_features_with_retrieval_options(tmp_path, capsys):

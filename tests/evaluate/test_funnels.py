@@ -120,7 +120,9 @@ def test_ivfpq_shortlist_reranked_at_full_size_and_its_cost_counts_every_scanned
     assert cost.macs / cost.queries == 2 * 4 + 256 * 4 + 4 + 300 * 2 + 300 * 8 + 8
 
 
-def test_eval_reports_retrieval_funnels_on_stored_features_when_asked(tmp_path):
+def test_eval_reports_retrieval_funnels_on_stored_features_when_asked(tmp_path, capsys):
+    """Issue 55: the funnel rows were in report.json only; they are printed, in table.md and table.csv (a block of
+    their own) and plotted (retrieval_funnels.png)."""
     import json
 
     import torch
@@ -144,8 +146,18 @@ def test_eval_reports_retrieval_funnels_on_stored_features_when_asked(tmp_path):
     }
     assert rows["fixed k=8"]["recall@10"] == 1.0 and rows["bound early stop"]["recall@10"] == 1.0
     assert rows["fixed k=4"]["macs_per_query"] == 400 * 4 + 4
+    printed = capsys.readouterr().out
+    for text in (printed, (tmp_path / "ev" / "table.md").read_text()):
+        assert "### Retrieval funnels: recall@10" in text and "| bound early stop | 1.000 |" in text
+        assert "| fixed k=4 | " in text and "| 1,604 | 6,400 | – |" in text
+    csv_rows = (tmp_path / "ev" / "table.csv").read_text().splitlines()
+    at = csv_rows.index("retrieval funnel,recall@10,multiply-adds/query,bytes/query,mean stop k")
+    assert csv_rows[at - 1] == "" and any(r.startswith("bound early stop,1.0000,") for r in csv_rows[at:])
+    assert (tmp_path / "ev" / "retrieval_funnels.png").stat().st_size > 0 and "retrieval_funnels.png" in printed
     assert eval_main([*args, f"out={tmp_path / 'ev2'}", "dims=[4,8]", "retrieval=none"]) == 0
     assert "retrieval_funnels" not in json.loads((tmp_path / "ev2" / "report.json").read_text())
+    assert "funnel" not in (tmp_path / "ev2" / "table.csv").read_text()
+    assert not (tmp_path / "ev2" / "retrieval_funnels.png").exists()
 
 
 def test_bench_funnels_writes_every_row_family_and_its_exact_rows_recall_everything(tmp_path, capsys):

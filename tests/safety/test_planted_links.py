@@ -109,7 +109,7 @@ def test_report_lines_hold_values_from_configs_as_data(tmp_path):
         "data": {"train": f"{injected}: train", "test": f"{injected}: val"},
         "weights": [{"run_dir": injected, "weights": "model.safetensors", "step": 2, "steps": 2}],
     }
-    paths = write_report(report, tmp_path / "eval", title=f"Accuracy — {injected}")
+    paths = write_report(report, tmp_path / "eval", name=injected)
     text = paths["markdown"].read_text()
     assert not any(line.startswith("rm -rf") for line in text.splitlines())
     assert "/data\\nrm -rf ~ #" in text  # shown, escaped
