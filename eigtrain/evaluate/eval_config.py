@@ -12,16 +12,20 @@ USAGE = """eigtrain-eval: adaptive-dimension evaluation of a trained run or of s
                   [random_draws=50] [random_se=0.1] [dims=[4,8,16]] [train_split=train] [test_split=val] [out=DIR]
                   [pca=true] [retrieval=auto|torch|faiss|none] [retrieval_draws=5]
                   [data.val_shards=PATTERN] [data.shards=PATTERN] [data.allow_pipe=true]
-    eigtrain-eval features=FILE.npz rr=DIR out=DIR     # arrays train_z, train_y, test_z, test_y
+                  [retrieval_funnels=true]
+    eigtrain-eval features=FILE.npz rr=DIR out=DIR     # arrays train_z, train_y, test_z, test_y (no _y: unlabelled)
 
 RR uses the Rayleigh-Ritz export (default run_dir/rr, written by eigtrain-rr); JN is the run's own
 coordinates when it was trained with joint nesting, or those of jn_run_dir; FF are runs trained at each
 smaller dimension; RS are random subsets of the run's coordinates; PCA the principal components of the
-same embedding. At every size: retrieval (1-NN, hit@1/10), bytes per vector, search time per query.
-Writes table.md, table.csv, report.json, accuracy_vs_dim.png and retrieval_vs_dim.png; they name the data
-each split came from. A run trained on data.shards has a validation split only with data.val_shards (its
-config's, or given here); the training shards are never scored as validation. data.shards / data.val_shards
-given here replace the run's; a pipe: source in the run's saved config runs only with data.allow_pipe=true.
+same embedding. At every size: retrieval (1-NN; hit@1/10: a same-class item among the nearest), bytes per
+vector, search time per query. Writes table.md, table.csv, report.json, accuracy_vs_dim.png and
+retrieval_vs_dim.png (and retrieval_funnels.png with retrieval_funnels=true); they name the data each split
+came from. Unlabelled data (every label -1: no data.label_key; or no train_y/test_y) are evaluated label-free:
+recall@10 of each cut against exact search at full size, storage, search time and the spectrum, no probes.
+A run trained on data.shards has a validation split only with data.val_shards (its config's, or given here);
+the training shards are never scored as validation. data.shards / data.val_shards given here replace the
+run's; a pipe: source in the run's saved config runs only with data.allow_pipe=true.
 """
 
 
@@ -46,7 +50,7 @@ class EvalConfig:
     retrieval_draws: int = 5  # random subsets averaged for RS retrieval
     allow_foreign_export: bool = False  # score through an export solved on other weights (stated in the report)
     retrieval_funnels: bool = (
-        False  # report.json's retrieval_funnels: adaptive retrieval over RR (eigtrain.evaluate.funnels)
+        False  # adaptive retrieval over RR (eigtrain.evaluate.funnels): table.md/csv rows, retrieval_funnels.png
     )
     data: RunDataConfig = field(default_factory=RunDataConfig)  # data sources replacing the run's saved ones
 
