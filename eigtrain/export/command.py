@@ -118,7 +118,7 @@ def _reduce(cfg: RRJobConfig, env, device: torch.device, pairs: bool) -> tuple:
         assert cfg.out is not None  # RRJobConfig requires out= with embeddings= and encoder=
         return acc, expected, source, Path(cfg.out)
     if cfg.encoder.name:
-        from eigtrain.export.embed import reduce_external
+        from eigtrain.export.external_views import reduce_external
 
         acc, expected, source = reduce_external(cfg, env, device)
         assert cfg.out is not None  # RRJobConfig requires out= with embeddings= and encoder=

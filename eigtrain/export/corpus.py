@@ -20,6 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -28,10 +29,12 @@ from torch import nn
 from eigtrain import dist as edist
 from eigtrain import safe_files
 from eigtrain.data import build_augment
+from eigtrain.data.image_files import list_images
 from eigtrain.export.embed import (
     TrainedRun,
     check_split,
     command_line_data,
+    image_stream,
     normalization,
     open_run,
     split_stream,
@@ -104,8 +107,9 @@ def settings(cfg: EmbedConfig, run: TrainedRun, rr_dir: Path, head: OrderedHead,
         "input": run.output,  # the view of the encoder the export was solved on (raw | l2_normalized)
         "k": cfg.k or int(head.transform.shape[1]),
         "dtype": cfg.dtype,
-        "split": split,
-        "data": check_split(run, split),  # where the split comes from (URLs without credentials)
+        "split": None if cfg.images else split,
+        # where the data comes from (URLs without credentials)
+        "data": f"images={Path(cfg.images).resolve()}" if cfg.images else check_split(run, split),
     }
 
 
@@ -143,8 +147,13 @@ def embed_share(
     chunks written now). Skipped samples are still read (the stream has no seek), not encoded."""
     skip, index = resume
     data = run.data
-    stream = split_stream(run, spec["split"], cfg.batch_size, cfg.num_workers, env.rank, env.world_size, device)
-    normalize = build_augment("none", image_size=data.view_size, **normalization(data)).to(device)
+    stream: Any = (
+        image_stream(run, cfg.images, cfg.batch_size, env.rank, env.world_size)
+        if cfg.images
+        else split_stream(run, spec["split"], cfg.batch_size, cfg.num_workers, env.rank, env.world_size, device)
+    )
+    field = "x" if run.pairs and not cfg.images else "image"  # image files: the image encoder's input
+    normalize = build_augment("none", image_size=data.view_size, **normalization(run)).to(device)
     encoder = run.encoder.phi if run.pairs else run.encoder
     assert isinstance(encoder, nn.Module)
     head = head.to(device)
@@ -155,7 +164,7 @@ def embed_share(
         todo = [i for i, key in enumerate(batch["key"]) if key not in skip]
         if not todo:
             continue
-        images = _take(batch["x"] if run.pairs else batch["image"], todo)
+        images = _take(batch[field], todo)
         x = normalize.view(images.to(device), None, 0, _take(batch.get("size"), todo))
         rows.append(head(encoder(x).double(), spec["k"]).to(DTYPES[spec["dtype"]]).cpu())
         keys += [batch["key"][i] for i in todo]
@@ -210,6 +219,8 @@ def run(cfg: EmbedConfig) -> dict:
     trained = open_run(cfg.run_dir, device=str(device), data=command_line_data(cfg.data))
     rr_dir, head, provenance = load_export(cfg, trained)
     spec = settings(cfg, trained, rr_dir, head, cfg.split or trained.data.split)
+    if cfg.images:
+        list_images(cfg.images)  # a missing folder or a bad line of a list: refused before anything is written
     lock = _writer(out, env.rank)  # one eigtrain-embed per out= (rank 0 holds it for the job)
     try:
         return _embed(cfg, env, device, out, None if cfg.overwrite else old, trained, head, spec, provenance)

@@ -15,7 +15,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from eigtrain.data import ShardStream, build_augment, read_index
-from eigtrain.data.augment import NORMALIZATION
 from eigtrain.data.from_config import (
     DataConfigError,
     build_stream,
@@ -24,6 +23,8 @@ from eigtrain.data.from_config import (
     split_source,
     uses_shards,
 )
+from eigtrain.data.image_files import ImageFiles, list_images
+from eigtrain.data.normalization import Normalization, as_trained
 from eigtrain.data.pipe_trust import SOURCE_KEYS, check_saved_sources
 from eigtrain.export.moments import RRAccumulator
 from eigtrain.export.run_preprocess import normalization, sized
@@ -33,11 +34,11 @@ from eigtrain.redact import saved_value_usable
 from eigtrain.runs.checkpoint import EXPORT_NAME, MODEL_INFO_NAME
 from eigtrain.runs.checkpoint_read import read_json
 from eigtrain.runs.checkpoint_verify import check_step
-from eigtrain.runs.checksums import file_sha256
 from eigtrain.runs.run_step import weights_record
 from eigtrain.runs.saved_config import load_saved_config
 from eigtrain.schema import DataConfig, typed, typed_option
 
+NORM = ("augment", "mean", "std")  # a run's data keys its normalization follows when model.json has no record
 RUN_KEYS = ("label_key",)  # data keys besides the sources that the command line may set for a run's shards
 
 
@@ -48,6 +49,7 @@ class TrainedRun:
     data: DataConfig  # its data group, with the command line's sources: what the streams take
     encoder: torch.nn.Module  # as its objective saw it (`objective_view`)
     weights: Path  # model.safetensors or a checkpoint directory
+    normalization: Normalization  # the mean/std it trained with (its model.json's record: `as_trained`)
     given: frozenset[str] = frozenset()  # data keys the command line set (its sources are the user's own)
     allow_pipe: bool = False  # data.allow_pipe=true on the command line: saved pipe: sources may run
     output: str = "raw"  # raw | l2_normalized: what `encoder` returns (the export's input)
@@ -118,9 +120,9 @@ def open_run(
     cfg.data.update(given)
     allow_pipe = bool((data or {}).get("allow_pipe"))
     typed_data = typed(DataConfig, cfg.data)  # the one conversion of the saved data group
-    return TrainedRun(
-        run, cfg, typed_data, encoder, step or run / EXPORT_NAME, frozenset(given), allow_pipe, output, weights_hash
-    )
+    norm = as_trained(read_json(run / MODEL_INFO_NAME).get("normalization"), *(getattr(typed_data, k) for k in NORM))
+    weights = step or run / EXPORT_NAME
+    return TrainedRun(run, cfg, typed_data, encoder, weights, norm, frozenset(given), allow_pipe, output, weights_hash)
 
 
 def check_split(run: TrainedRun, split: str) -> str:
@@ -159,6 +161,15 @@ def split_stream(
         one_pass=True,
         channels=int(shape[0]),
     )
+
+
+def image_stream(run: TrainedRun, source: str, batch_size: int, rank: int, world: int) -> ImageFiles:
+    """One pass over image files (a folder or a file list, `list_images`), brought to the run's input as its shards
+    are: to data.image_size by data.image_fit, else to the encoder's input size; in the encoder's channels."""
+    shape = read_json(run.run_dir / MODEL_INFO_NAME)["input_shape"]
+    size, data = run.data.image_size or shape[1:], run.data
+    return ImageFiles(list_images(source), int(shape[0]), size, data.image_fit, batch_size, rank, world,
+                      data.max_image_pixels)  # fmt: skip
 
 
 def sample_generators(keys: list[str], seed: int) -> list[torch.Generator]:
@@ -210,7 +221,7 @@ def reduce_pairs(
     folds: also per fold of the samples (`key_folds`)."""
     data = run.data
     stream = split_stream(run, split, batch_size, num_workers, rank, world, device)
-    augment = build_augment(data.augment, image_size=data.view_size, **normalization(data)).to(device)
+    augment = build_augment(data.augment, image_size=data.view_size, **normalization(run)).to(device)
     acc = RRAccumulator(run.cfg.dim, pairs=run.pairs, device=device, folds=folds)
     if not run.pairs:
         return reduce_views(run.encoder, stream, augment, acc, device, seed), stream.num_samples
@@ -230,7 +241,7 @@ def embed_split(run: TrainedRun, split: str, batch_size: int = 512, num_workers:
     """Un-augmented embeddings z = encoder(x) of a whole split (one process), with labels and keys."""
     data = run.data
     stream = split_stream(run, split, batch_size, num_workers, 0, 1, device)
-    normalize = build_augment("none", image_size=data.view_size, **normalization(data)).to(device)
+    normalize = build_augment("none", image_size=data.view_size, **normalization(run)).to(device)
     encoder = run.encoder.phi if run.pairs else run.encoder
     assert isinstance(encoder, nn.Module)
     zs, labels, keys = [], [], []
@@ -272,73 +283,3 @@ def reduce_encoder(cfg, env, pairs: bool, device):
 def command_line_data(data) -> dict[str, Any]:
     """The data keys of an eigtrain-rr / -eval command line that `open_run` applies to a saved run."""
     return {key: getattr(data, key) for key in (*SOURCE_KEYS, *RUN_KEYS, "allow_pipe")}
-
-
-def reduce_external(cfg, env, device):
-    """The eigtrain-rr path for any model (encoder=timm:NAME | module:pkg.mod:factory) over image shards: two
-    views per image from the augmentation preset data.augment, one pass (see eigtrain.export.command)."""
-    from eigtrain.export.external_encoder import build_external_encoder, check_embedding, embedding_dim
-
-    data, spec = cfg.data, cfg.encoder.name
-    stream, expected, meta = _external_stream(cfg, env)
-    channels = int(meta.get("channels", 3))
-    view_size = data.view_size or data.image_size or tuple(meta.get("image_shape", (0, 0, 0))[1:]) or None
-    if not view_size:
-        raise ValueError("data.image_size is needed: these shards do not state their image size")
-    view_size = (view_size, view_size) if isinstance(view_size, int) else tuple(view_size)
-    model = build_external_encoder(
-        spec, cfg.encoder.checkpoint, dict(cfg.encoder.kwargs), in_chans=channels, seed=cfg.seed
-    ).to(device)
-    dim = embedding_dim(model, spec, (channels, *view_size), device)  # fails on a bad output before any data is read
-    mean, std = NORMALIZATION[data.augment]
-    augment = build_augment(
-        data.augment, image_size=view_size, mean=tuple(data.mean or mean), std=tuple(data.std or std)
-    ).to(device)
-    encode = lambda x: check_embedding(model(x), spec, len(x))  # noqa: E731
-    acc = reduce_views(encode, stream, augment, RRAccumulator(dim, device=device, folds=cfg.folds), device, cfg.seed)
-    weights = cfg.encoder.checkpoint
-    source = {
-        "kind": "encoder",
-        "encoder": spec,
-        "kwargs": dict(cfg.encoder.kwargs),
-        "checkpoint": str(Path(weights).resolve()) if weights else None,
-        "init_seed": None if weights else cfg.seed,
-        "sha256": file_sha256(weights) if weights and env.rank == 0 else None,
-        "data": {
-            k: _plain(getattr(data, k))
-            for k in ("root", "shards", "val_shards", "augment", "image_size", "image_fit", "view_size", "mean", "std")
-        },
-    }
-    return acc, expected, source
-
-
-def _plain(value):
-    return list(value) if isinstance(value, (list, tuple)) else value
-
-
-def _external_stream(cfg, env) -> tuple[ShardStream, int, dict]:
-    """One-pass stream over data.root (eigtrain shards; count from the index) or data.shards (any webdataset
-    shards; counts from a shard index or one scan, see eigtrain.data.sample_counts): (stream, samples, meta)."""
-    data, index = cfg.data, None
-    keys = ("root", "image_size", "image_fit", "max_corrupt", "image_key", "label_key", "shard_index", "io_timeout_s")
-    read = DataConfig(split=cfg.split, mode="views", num_workers=cfg.num_workers, **{k: getattr(data, k) for k in keys})
-    key = "data.shards"
-    if data.root:
-        index = read_index(data.root)
-        read.num_workers = min(cfg.num_workers, len(index.shards(cfg.split)) // env.world_size)
-    else:
-        key, shards = split_shards(DataConfig(shards=data.shards, val_shards=data.val_shards), cfg.split)
-        read.shards = list(shards) if isinstance(shards, (list, tuple)) else shards
-    stream = ShardStream(
-        read,
-        batch_size=cfg.batch_size,
-        rank=env.rank,
-        world_size=env.world_size,
-        seed=cfg.seed,
-        one_pass=True,
-        cache_dir=data.cache_dir,
-        shards_key=key,
-    )
-    if index is not None:
-        return stream, index.num_samples(cfg.split), index.meta
-    return stream, stream.num_samples, {"channels": 3}

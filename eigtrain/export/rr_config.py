@@ -23,6 +23,7 @@ from typing import Any
 
 from eigtrain.cli import compose_dataclass
 from eigtrain.export.run_data import RunDataConfig
+from eigtrain.schema.groups import image_size_value
 
 USAGE = __doc__  # eigtrain-rr -h (eigtrain.commands): this module is its configuration, read before torch is imported
 MODES = ("generalized", "paper-rq", "paper-vicreg", "paper-lora", "svd")  # the Rayleigh-Ritz problems (rayleigh_ritz)
@@ -46,16 +47,20 @@ class EncoderDataConfig(RunDataConfig):
 
     root: str | None = None  # eigtrain shards (index.json): the count is checked against the index
     augment: str = "imagenet"  # the augmentation preset whose two views are the positive pairs
-    image_size: int | None = None  # loader resize (needed when the shards do not say, e.g. foreign shards)
+    image_size: Any = None  # loader resize, N (N x N) or [H, W] (needed when the shards do not say, e.g. foreign ones)
     image_fit: str = "cover"  # cover: resize + center crop; whole: the augmentation crops from the whole image
-    view_size: int | None = None  # size of the augmented views (default: image_size)
-    mean: list[float] | None = None  # normalization (default: the preset's)
-    std: list[float] | None = None  # normalization (default: the preset's)
+    view_size: Any = None  # size of the augmented views, N or [H, W] (default: image_size)
+    mean: list[float] | None = None  # normalization (default: what encoder.checkpoint states, else the preset's)
+    std: list[float] | None = None  # normalization, with mean (default: the checkpoint's, else the preset's)
     max_corrupt: int = 0  # a skipped sample would break the exact count: none by default
     image_key: str | None = None  # foreign shards: member name(s) of the image (default jpg;jpeg;png;webp)
     label_key: str | None = None  # foreign shards: not needed for Rayleigh-Ritz
     cache_dir: str | None = None  # foreign shards: where a scan's sample counts are cached
     io_timeout_s: float = 60.0  # foreign shards: the most any read of a remote shard may wait
+
+    def __post_init__(self) -> None:  # eigtrain-train's rule: N or [H, W], one form ([H, W]) from here on
+        self.image_size = image_size_value("data.image_size", self.image_size)
+        self.view_size = image_size_value("data.view_size", self.view_size)
 
 
 @dataclass

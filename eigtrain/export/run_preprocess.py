@@ -1,4 +1,4 @@
-"""What a trained run does to an image from decode to its encoder, in one place: the mean/std it normalizes by, the
+"""What a trained run does to an image from decode to its encoder, in one place: the mean/std it normalizes by (as recorded), the
 size its images are decoded to (which eigtrain-embed, -rr and -eval bring every image to), and the whole chain as
 the standalone file's `preprocess` spec (eigtrain.export.preprocess.reference_transform implements it)."""
 
@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from eigtrain.data.augment_recipes import NORMALIZATION
 from eigtrain.data.index import read_index
 from eigtrain.schema import DataConfig
 
@@ -19,10 +18,10 @@ SIMILARITY = {
 }
 
 
-def normalization(data: DataConfig) -> dict:
-    """The mean/std the run trained with (its config, else its augmentation preset's defaults)."""
-    mean, std = NORMALIZATION[data.augment]
-    return {"mean": tuple(data.mean) if data.mean else mean, "std": tuple(data.std) if data.std else std}
+def normalization(run) -> dict:
+    """build_augment's mean= and std=: what the run trained with (its model.json's record, eigtrain.data.normalization;
+    `run`: an eigtrain.export.embed.TrainedRun)."""
+    return run.normalization.kwargs()
 
 
 def decoded_size(data: DataConfig, input_shape) -> list[int] | None:
@@ -46,10 +45,9 @@ def sized(data: DataConfig, input_shape) -> DataConfig:
     return dataclasses.replace(data, image_size=size) if size else data
 
 
-def preprocess_spec(data: DataConfig, input_shape) -> dict:
+def preprocess_spec(data: DataConfig, input_shape, norm: dict) -> dict:
     """The run's preprocessing as the standalone file's metadata states it (docs/export.md)."""
     channels, size = int(input_shape[0]), decoded_size(data, input_shape)
-    norm = normalization(data)
     mean, std = (list(v) * (channels if len(v) == 1 else 1) for v in (norm["mean"], norm["std"]))
     view = [int(s) for s in data.view_size] if data.view_size else None
     view_resize = None  # the view is the decoded image: eigtrain resizes nothing more

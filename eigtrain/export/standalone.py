@@ -75,7 +75,7 @@ def build_standalone(run_dir: str | os.PathLike, rr_dir: str | os.PathLike | Non
     encoder: nn.Module = getattr(run.encoder, "phi") if run.pairs else run.encoder  # a PairEncoder's image side
     head = load_head(rr, side="left")
     transform, eigenvalues = head.get_buffer("transform"), head.get_buffer("eigenvalues")
-    norm = normalization(run.data)
+    norm = normalization(run)
     model = StandaloneModel(encoder.cpu(), head, torch.tensor(norm["mean"]), torch.tensor(norm["std"])).eval()
     tensors = rr / TENSORS
     metadata = {
@@ -90,7 +90,7 @@ def build_standalone(run_dir: str | os.PathLike, rr_dir: str | os.PathLike | Non
         },
         "output": {"name": "features", "shape": [None, int(transform.shape[1])], "ordered": True},
         "eigenvalues": [float(v) for v in eigenvalues],
-        "preprocess": preprocess_spec(run.data, input_shape),  # raw image -> input (eigtrain.export.preprocess)
+        "preprocess": preprocess_spec(run.data, input_shape, norm),  # raw image -> input (eigtrain.export.preprocess)
         "similarity": dict(SIMILARITY),
         "head_input": "l2_normalized" if head.l2_normalize else "raw",
         "source": {

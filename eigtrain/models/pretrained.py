@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -135,3 +136,52 @@ def _load_backbone(backbone: nn.Module, cfg: ModelConfig) -> None:
 def _first_line(error: BaseException, last: bool = False) -> str:
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     return (lines[-1] if last else lines[0]) if lines else type(error).__name__
+
+
+def stated_normalization(cfg: ModelConfig) -> tuple[tuple[float, ...], tuple[float, ...], str] | None:
+    """(mean, std, where) that model.pretrained's weights state: a file's own (`file_normalization`); for
+    ``cache``, timm's pretrained_cfg of the backbone. None when not pretrained or when they state none."""
+    path = resolve_pretrained(cfg)
+    if path is None:
+        return None
+    if cfg.pretrained != CACHE:
+        return file_normalization(path)
+    from timm.models import get_pretrained_cfg
+
+    name = timm_name(cfg)
+    pretrained_cfg = get_pretrained_cfg(name) if name else None
+    if pretrained_cfg is None or not pretrained_cfg.mean or not pretrained_cfg.std:
+        return file_normalization(path)
+    return tuple(pretrained_cfg.mean), tuple(pretrained_cfg.std), f"timm's pretrained_cfg of {name}"
+
+
+def file_normalization(path: str | os.PathLike | None) -> tuple[tuple[float, ...], tuple[float, ...], str] | None:
+    """(mean, std, where) a weights file states: its safetensors metadata ``mean`` and ``std`` (JSON lists), else
+    the ``pretrained_cfg`` of a timm ``config.json`` beside it (a Hugging Face snapshot's layout); None otherwise."""
+    if path is None:
+        return None
+    path = Path(path)
+    stated: dict = {}
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), "pt") as weights:
+                meta = weights.metadata() or {}
+            stated = {k: json.loads(meta[k]) for k in ("mean", "std") if k in meta}
+        except Exception as error:  # noqa: BLE001  (not safetensors, bad JSON: the loader names the file too)
+            raise PretrainedWeightsError(f"{path}: cannot read its metadata: {_first_line(error)}") from None
+        where = f"the metadata of {path}"
+    if not stated and (path.parent / "config.json").is_file():
+        try:
+            stated = json.loads((path.parent / "config.json").read_text()).get("pretrained_cfg") or {}
+        except (OSError, ValueError, AttributeError):
+            stated = {}
+        where = f"the pretrained_cfg of {path.parent / 'config.json'}"
+    mean, std = stated.get("mean"), stated.get("std")
+    if not isinstance(mean, list) or not isinstance(std, list) or not mean or not std:
+        return None
+    try:
+        return tuple(float(v) for v in mean), tuple(float(v) for v in std), where
+    except (TypeError, ValueError):
+        raise PretrainedWeightsError(f"{where}: mean/std are not lists of numbers ({mean}, {std})") from None

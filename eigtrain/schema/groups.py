@@ -65,14 +65,14 @@ class DataConfig:
     split: str = "train"  # the split trained on
     mode: str = "views"  # views (one image -> two augmented views) | pairs (stored (x, a) pairs)
     num_workers: int = 1  # DataLoader workers per rank (0: read in the training process)
-    image_size: Optional[List[int]] = None  # fixed-size resize/crop in the workers, [H, W]; null = as stored
-    view_size: Optional[List[int]] = None  # augmented view size [H, W]; null = the decoded image size
+    image_size: Any = None  # fixed-size resize/crop in the workers: N (N x N) or [H, W]; null = as stored
+    view_size: Any = None  # augmented view size: N (N x N) or [H, W]; null = the decoded image size
     resampled: bool = False  # draw shards with replacement (no epochs)
     max_corrupt: int = 10  # unusable samples skipped with a warning before the run stops
     max_image_pixels: int = 89_478_485  # a stored image above this many pixels is unusable (a counted skip), undecoded
     augment: str = "digits"  # augmentation preset on the device: digits | cifar | imagenet | grayscale | none
-    mean: Optional[List[float]] = None  # normalization; null = the augmentation preset's
-    std: Optional[List[float]] = None  # normalization; null = the augmentation preset's
+    mean: Optional[List[float]] = None  # normalization; null = what model.pretrained's weights state, else the preset's
+    std: Optional[List[float]] = None  # normalization, with mean; null = the weights', else the preset's
     write_if_missing: Optional[str] = None  # eigtrain-shards source written to `root` without index.json; null: fail
     shard_size: int = 1000  # samples per shard that write_if_missing writes
     shards: Any = None  # shards instead of root: brace pattern or URL list (local, file:, http(s), pipe:, s3:, gs:)
@@ -92,6 +92,22 @@ class DataConfig:
     prefetch_factor: Optional[int] = 2  # batches each worker prepares ahead
     persistent_workers: bool = False  # keep workers alive between iterations (training is one endless iteration)
     io_timeout_s: float = 60.0  # bound on every network open/read: an unreachable shard is an error, never a hang
+
+    def __post_init__(self) -> None:  # one form from here on: [H, W]
+        self.image_size = image_size_value("data.image_size", self.image_size)
+        self.view_size = image_size_value("data.view_size", self.view_size)
+
+
+def image_size_value(key: str, value: Any) -> Optional[List[int]]:
+    """An image size as [H, W] (every command's rule: N means N x N; null stays null); a ValueError naming `key`."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().isdigit():  # a command line's N (its Any fields arrive as text)
+        value = int(value)
+    pair = [value, value] if isinstance(value, int) else list(value) if isinstance(value, (list, tuple)) else []
+    if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in pair):
+        raise ValueError(f"{key} must be a positive integer N (N x N) or [H, W], got {value!r}")
+    return pair
 
 
 @dataclass

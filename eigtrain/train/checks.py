@@ -16,8 +16,9 @@ from omegaconf import DictConfig
 
 from eigtrain.data.from_config import check_data, check_splits
 from eigtrain.data.index import INDEX_NAME, read_index
+from eigtrain.data.normalization import Normalization, NormalizationError, Stated, decide
 from eigtrain.models.backbones import check_timm_backbone
-from eigtrain.models.pretrained import check_pretrained
+from eigtrain.models.pretrained import check_pretrained, stated_normalization
 from eigtrain.objectives import OBJECTIVES
 from eigtrain.schema import ConfigError, TrainConfig, train_config
 from eigtrain.schema import groups as g
@@ -97,7 +98,30 @@ def validate(cfg: DictConfig | TrainConfig, world_size: int) -> tuple[int, int]:
             _check_monitor_splits_in_index(cfg)
     except ValueError as exn:
         raise ConfigError(str(exn)) from None
+    channels = _known_channels(cfg)
+    if channels is not None:  # else checked once the data is prepared (eigtrain.train.command)
+        decide_normalization(cfg, channels)
     return micro, accum
+
+
+def decide_normalization(cfg: TrainConfig, channels: int) -> tuple[Normalization, str | None]:
+    """The run's normalization and a warning or None (eigtrain.data.normalization.decide: data.mean/std, else what
+    model.pretrained's weights state, else the preset's); a ConfigError when it does not fit the channels."""
+    stated = stated_normalization(cfg.model)
+    try:
+        return decide(cfg.data.augment, cfg.data.mean, cfg.data.std, channels, Stated(*stated) if stated else None)
+    except NormalizationError as error:
+        raise ConfigError(str(error)) from None
+
+
+def _known_channels(cfg: TrainConfig) -> int | None:
+    """The images' channels where that is cheap to know: 3 for data.shards (decoded RGB), data.root's index."""
+    if cfg.data.shards:
+        return 3
+    if cfg.data.root is None or not (Path(cfg.data.root) / INDEX_NAME).is_file():
+        return None
+    meta = read_index(cfg.data.root).meta
+    return int(meta["channels"] if "channels" in meta else meta["image_shape"][0])
 
 
 def batch_split(cfg: TrainConfig | DictConfig, world_size: int) -> tuple[int, int]:

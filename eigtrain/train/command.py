@@ -36,7 +36,7 @@ from eigtrain.runs.lock import WriterSlot
 from eigtrain.runs.output_dirs import claim_run_dir
 from eigtrain.schema import ConfigError, DataConfig, TrainConfig, train_config
 from eigtrain.train import random_state
-from eigtrain.train.checks import batch_split, validate
+from eigtrain.train.checks import batch_split, decide_normalization, validate
 from eigtrain.train.compose import CONFIG_PACKAGE, compose_config  # noqa: F401  (tools, tests, launchers)
 from eigtrain.train.failures import failure_line
 from eigtrain.train.metrics_log import MetricsLog, Progress, Reporter, stable_run_id, write_run_records
@@ -181,9 +181,11 @@ def _setup(
         device=device,
         cache_dir=run_dir / "data",
     )
-    mean, std = (tuple(v) if v else None for v in (data.mean, data.std))
+    norm, warning = decide_normalization(cfg, x_shape[0])  # data.mean/std, else the weights', else the preset's
+    if warning and rank0:
+        log.warning(warning)
     view_size = (data.view_size[0], data.view_size[1]) if data.view_size else None
-    augment = build_augment(data.augment, image_size=view_size, mean=mean, std=std, **view_options(data, engine))
+    augment = build_augment(data.augment, image_size=view_size, **norm.kwargs(), **view_options(data, engine))
     augment = augment.to(device)
     generator = torch.Generator(device=device)
     generator.manual_seed(random_state.seed_all(cfg.seed, rank, 1))  # per-rank randomness from here on
@@ -208,6 +210,7 @@ def _setup(
         channels_last=engine.channels_last,
     )
     model_info = {"dim": cfg.dim, "input_shape": list(x_shape), "context_shape": list(a_shape) if a_shape else None}
+    model_info["normalization"] = norm.record()  # what eigtrain-rr, -eval, -embed and -export normalize with
     loss_fn, records = make_loss_fn(engine, objective, pairs), (composed, model_info)
     return _resume(cfg, records, env, device, engine, loss_fn, inputs, stream)
 
@@ -251,7 +254,8 @@ def _resume(
             resume_step=state.step,
         )
         progress = Progress(cfg.steps, state.step, enabled=cfg.logging.progress)
-    monitor = build_monitor(cfg, device=device, autocast=engine.autocast, scores=rank0)  # kNN scores on rank 0
+    norm = model_info["normalization"]
+    monitor = build_monitor(cfg, norm, device=device, autocast=engine.autocast, scores=rank0)  # kNN on rank 0
     report = Reporter(cfg.log_every, monitor, metrics, progress)
     return Trainer(engine, loss_fn, inputs, iter(stream), state, rank_state, checkpoints, report, model_info)
 

@@ -12,13 +12,13 @@ scored on the training shards.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from eigtrain.data import build_augment
-from eigtrain.data.augment import NORMALIZATION
 from eigtrain.data.from_config import build_stream, check_splits
 from eigtrain.schema import DataConfig, MonitorConfig, TrainConfig
 from eigtrain.train import random_state
@@ -43,6 +43,7 @@ class KNNMonitor(MonitorSchedule):
         self,
         cfg: MonitorConfig,
         data: DataConfig,
+        normalization: Mapping,
         *,
         dim: int,
         seed: int,
@@ -63,10 +64,8 @@ class KNNMonitor(MonitorSchedule):
         )
         self.cache_dir = cache_dir  # sample counts of shards without an index (as the training stream's)
         super().__init__(self.cfg.every)
-        mean, std = NORMALIZATION[data.augment]
-        self.normalize = build_augment(
-            "none", image_size=data.view_size, mean=tuple(data.mean or mean), std=tuple(data.std or std)
-        ).to(device)
+        mean, std = tuple(normalization["mean"]), tuple(normalization["std"])  # the run's (model.json)
+        self.normalize = build_augment("none", image_size=data.view_size, mean=mean, std=std).to(device)
 
     @torch.no_grad()
     def _embed(self, encoder: nn.Module, split: str, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,8 +109,10 @@ class KNNMonitor(MonitorSchedule):
         return {f"knn/{d}": knn_accuracy(train_z[:, :d], train_y, val_z[:, :d], val_y, k=k) for d in dims_for(self.dim)}
 
 
-def build_monitor(cfg: TrainConfig, *, device: torch.device, autocast, scores: bool = True) -> MonitorSchedule:
-    """The monitor of a training config: a `KNNMonitor` on the rank that ``scores`` (rank 0), its schedule alone on
+def build_monitor(
+    cfg: TrainConfig, normalization: Mapping, *, device: torch.device, autocast, scores: bool = True
+) -> MonitorSchedule:
+    """The monitor of a training config (`normalization`: the run's mean/std, as model.json records them): a `KNNMonitor` on the rank that ``scores`` (rank 0), its schedule alone on
     the others, and a schedule that never falls due when ``monitor.every`` is 0."""
     monitor_cfg = cfg.monitor
     if not monitor_cfg.every:
@@ -126,6 +127,7 @@ def build_monitor(cfg: TrainConfig, *, device: torch.device, autocast, scores: b
     return KNNMonitor(
         monitor_cfg,
         cfg.data,
+        normalization,
         dim=cfg.dim,
         seed=cfg.seed,
         device=device,

@@ -49,7 +49,7 @@ def test_metrics_log_and_monitor_take_typed_configs(tmp_path):
     MetricsLog(tmp_path, wandb_cfg=WandbConfig(mode="disabled"), run_id="r", config={}, resume_step=0)
     assert (
         build_monitor(
-            train_config(compose_config(["experiment=cpu_debug"])), device=torch.device("cpu"), autocast=None
+            train_config(compose_config(["experiment=cpu_debug"])), {}, device=torch.device("cpu"), autocast=None
         ).every
         == 0
     )

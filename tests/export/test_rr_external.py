@@ -44,7 +44,7 @@ def _args(shards, out, *extra):
 
 
 def test_timm_model_on_foreign_shards_is_ordered_with_unit_gram(foreign_shards, tmp_path):
-    from eigtrain.export.embed import reduce_external
+    from eigtrain.export.external_views import reduce_external
 
     out = tmp_path / "rr"
     assert rr_main(_args(foreign_shards, out, "num_workers=0", "trivial=keep")) == 0  # the paper's convention: raw span
