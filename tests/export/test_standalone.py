@@ -77,7 +77,7 @@ def eigtrain_pipeline(run_dir, images_uint8):
     """The ordered features as eigtrain computes them (eigtrain.export.embed.embed_split, then the export's head)."""
     trained = open_run(str(run_dir))
     data = trained.cfg.data
-    normalize = build_augment("none", image_size=data.view_size, **normalization(data))
+    normalize = build_augment("none", image_size=data.view_size, **normalization(trained))
     with torch.no_grad():
         z = trained.encoder(normalize.view(torch.from_numpy(images_uint8), None, 0))
         return load_head(run_dir / "rr")(z).numpy(), trained.output
