@@ -397,6 +397,7 @@ def test_login_node_check_of_the_readme_imagenette_job(tmp_path):
         f"data.shards='{pattern}'",
         f"data.shard_index={index}",
         "data.image_size=[8,8]",
+        "data.augment=imagenet",  # the job's (experiment=imagenette_vicreg); digits' one value is refused on RGB
         "data.num_workers=6",
     ]
     validate(compose_config([*job, "batch_size=256"]), 32)  # 8 per rank: 49 samples per slot are enough
