@@ -2,8 +2,8 @@
 
 In order: data.mean/data.std when the user gives them (a warning when pretrained weights state other values); else
 the mean/std the pretrained weights state (timm's pretrained_cfg, a weights file's metadata); else the augmentation
-preset's. A preset or weights whose values do not fit the images' channels are refused in one line (one value fits
-any channel count only for the preset ``none``, which is channel-neutral). The trainer records the decision in the
+preset's. Values that do not fit the images' channels are refused in one line, except a one-value preset on
+images of more channels: its value serves each, with a warning (``none`` is channel-neutral: no warning). The trainer records the decision in the
 run (model.json); the commands that read a run use that record (`as_trained`), so they normalize as training did.
 Torch-free: checked before torch is imported where a command can.
 """
@@ -74,7 +74,13 @@ def decide(
         raise NormalizationError(f"data.augment={augment!r} is unknown; allowed: {', '.join(NORMALIZATION)}")
     preset_mean, preset_std = NORMALIZATION[augment]
     preset = Normalization(_floats(preset_mean), _floats(preset_std), f"preset {augment}")
-    _check(preset, channels, f"augmentation preset {augment!r}", broadcast=augment == "none")
+    _check(preset, channels, f"augmentation preset {augment!r}", broadcast=True)
+    if len(preset.mean) == 1 and channels > 1 and augment != "none":  # as before, but never silently
+        fits = " or ".join(name for name, (m, _) in NORMALIZATION.items() if len(m) == channels)
+        return preset, (
+            f"augmentation preset {augment!r} normalizes one channel and the images have {channels}: its value is "
+            f"used for each (set data.augment={fits}, or data.mean and data.std, to normalize them as their own)"
+        )
     return preset, None
 
 

@@ -33,10 +33,6 @@ def test_preset_unless_the_weights_or_the_user_say_otherwise():
 @pytest.mark.parametrize(
     "args, match",
     [
-        (
-            ("digits", None, None, 3),
-            r"^the images have 3 channel\(s\) but augmentation preset 'digits' normalizes 1: use",
-        ),
         (("cifar", None, None, 1), r"normalizes 3: use data.augment=grayscale or none or give data.mean"),
         (("cifar", [0.5], None, 3), r"^give data.mean and data.std together"),
         (("cifar", [0.5, 0.5], [0.2, 0.2], 3), r"^the images have 3 channel\(s\) but data.mean/data.std normalizes 2"),
@@ -72,18 +68,17 @@ def test_weights_state_their_normalization(tmp_path, monkeypatch):
     assert cached == (*IMAGENET, "timm's pretrained_cfg of resnet18")  # timm's, never read before issue 55
 
 
-def test_a_pretrained_file_on_rgb_shards_is_refused_before_the_run(tmp_path):
-    """Issue 55: digits' one-value normalization applied to RGB images silently; now one line before any work."""
-    from eigtrain.schema import ConfigError
-    from eigtrain.train.checks import validate
+def test_a_one_value_preset_on_rgb_images_is_said(tmp_path):
+    """Issue 55: digits' one-value normalization applied to RGB images silently; now said in one line (the trainer
+    logs it at start), its value serving each channel as before."""
+    from eigtrain.train.checks import decide_normalization
 
-    shards = tmp_path / "s-0.tar"
-    shards.write_bytes(b"")
-    cfg = compose_config(
-        ["experiment=cpu_debug", f"data.shards={shards}", "data.image_size=16", f"run_dir={tmp_path}/r"]
-    )
-    with pytest.raises(ConfigError, match="preset 'digits' normalizes 1: use data.augment=cifar or imagenet or none"):
-        validate(cfg, 1)
+    cfg = compose_config(["experiment=cpu_debug", f"run_dir={tmp_path}/r"])
+    norm, warning = decide_normalization(cfg, 3)
+    assert norm.mean == (0.3053,) and "\n" not in warning
+    assert warning.startswith("augmentation preset 'digits' normalizes one channel and the images have 3")
+    assert "data.augment=cifar or imagenet" in warning
+    assert decide("none", None, None, 3)[1] is None and decide("cifar", None, None, 3)[1] is None
 
 
 def test_image_size_is_one_rule_in_train_and_rr():
