@@ -22,6 +22,7 @@ from eigtrain import safe_files
 from eigtrain.runs.checksums import file_sha256
 
 MANIFEST = "manifest.json"
+FORMAT = "eigtrain-embeddings-v1"  # manifest["format"]: the mark of a directory eigtrain-embed wrote
 # .NAME[.HEX].tmp: one being written (eigtrain.safe_files)
 CHUNK = re.compile(r"\.?rank-(\d+)-chunk-(\d{5})\.safetensors(?:\.[0-9a-f]{12})?(\.tmp)?")
 DTYPES = {"float16": torch.float16, "float32": torch.float32}
