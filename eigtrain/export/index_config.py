@@ -33,7 +33,7 @@ class IndexConfig:
     nlist: int | None = None  # ivfpq: inverted lists (null: about 4 sqrt(n), at least 39 training rows each)
     pq_m: int | None = None  # ivfpq: sub-quantizers, a divisor of dims (null: the largest <= dims / 2)
     nprobe: int = 16  # ivfpq: lists visited per query (stored in the index)
-    train_rows: int = 65536  # ivfpq: rows sampled (evenly at random, seed 0) to train the quantizers
+    train_rows: int = 65536  # ivfpq: rows drawn at random (seed 0) to train the quantizers
     block_rows: int = 65536  # rows read and added at a time
     overwrite: bool = False  # replace an earlier eigtrain-index output at out=
 
