@@ -104,7 +104,8 @@ def rows_of(source: Path, corpus: np.ndarray, queries: np.ndarray, lam: np.ndarr
     return rows
 
 
-def write_markdown(results: dict, path: Path) -> None:
+def markdown(results: dict) -> str:
+    """benchmarks/index.md from benchmarks/index.json."""
     lines = [
         "# eigtrain-index: recall@10 against exact search, build time and memory",
         "",
@@ -124,9 +125,7 @@ def write_markdown(results: dict, path: Path) -> None:
                 f"| {r['peak_rss_mb']:.0f} (before {r['rss_before_mb']:.0f}) |"
             )
         lines.append("")
-    from eigtrain import safe_files
-
-    safe_files.write_text(path, "\n".join(lines))
+    return "\n".join(lines)
 
 
 def main(argv=None) -> dict:
@@ -160,7 +159,7 @@ def main(argv=None) -> dict:
     from eigtrain import safe_files
 
     safe_files.write_text(out / "index.json", json.dumps(results, indent=2) + "\n")
-    write_markdown(results, out / "index.md")
+    safe_files.write_text(out / "index.md", markdown(results))
     print(json.dumps(results, indent=2))
     print(f"wrote {out / 'index.json'} and {out / 'index.md'}", file=sys.stderr)
     return results

@@ -169,3 +169,21 @@ def test_refusals_are_one_line(embedded, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "faiss", None)  # as if faiss were not installed
     assert _build(tmp_path, embedded, "o2") == 2 and "pip install 'eigtrain[faiss]'" in _one_line(capsys)
     assert not (tmp_path / "o2").exists()
+
+
+def test_the_committed_benchmark_table_is_the_json_it_was_made_from():
+    """benchmarks/index.md is generated from benchmarks/index.json (tools/bench_index.py) at a commit of this repo."""
+    import importlib.util
+    import subprocess
+
+    from tests.support.runs import REPO
+
+    spec = importlib.util.spec_from_file_location("bench_index", REPO / "tools" / "bench_index.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    results = json.loads((REPO / "benchmarks" / "index.json").read_text())
+    assert results["corpora"]["synthetic"]["info"].startswith("n=100000")
+    committed = subprocess.run(["git", "cat-file", "-e", f"{results['commit']}^{{commit}}"], cwd=REPO)
+    assert committed.returncode == 0, f"benchmarks/index.json names commit {results['commit']}, not in this repository"
+    table = REPO / "benchmarks" / "index.md"
+    assert table.read_text() == bench.markdown(results)
