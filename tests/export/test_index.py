@@ -104,6 +104,7 @@ def test_flat_finds_the_exact_neighbours_and_the_funnel_almost(embedded, tmp_pat
     assert _build(tmp_path, embedded, "funnel", "kind=funnel", "k=8", "k_factor=20") == 0
     funnel = open_index(tmp_path / "funnel")
     assert funnel.manifest["embeddings"]["manifest_sha256"] and funnel.manifest["n"] == len(keys) == 359
+    assert faiss.downcast_index(funnel.index.index).k_factor == 20  # read back from the file
     found, _ = funnel.search(x[:60], 10)
     # the funnel in numpy: a shortlist of 10 x 20 by cosine at the first 8, reranked by cosine at all 16
     shortlist, _ = _exact(x[:60, :8], x[:, :8], top=200)
@@ -121,6 +122,7 @@ def test_ivfpq_builds_on_a_sample_and_finds_most_neighbours(embedded, tmp_path):
     assert _build(tmp_path, embedded, "pq", "kind=ivfpq", "train_rows=300", "nprobe=8") == 0
     index = open_index(tmp_path / "pq")
     assert index.manifest["nlist"] <= 300 // 39 and index.manifest["pq_m"] == 8 and index.manifest["nbits"] == 5
+    assert faiss.extract_index_ivf(index.index).nprobe == 8  # the search settings travel in the file
     found, scores = index.search(x[:60], 10)
     assert _recall(found, [[keys[i] for i in row] for row in expected]) >= 0.5 and np.isfinite(scores).all()
 
