@@ -151,7 +151,7 @@ def embed_share(
             continue
         images = _take(batch["x"] if run.pairs else batch["image"], todo)
         x = normalize.view(images.to(device), None, 0, _take(batch.get("size"), todo))
-        rows.append(head(encoder(x).double(), spec["k"]).to(DTYPES[spec["dtype"]]).cpu())
+        rows.append(head(encoder(x).double(), spec["k"]).to(getattr(torch, spec["dtype"])).cpu())
         keys += [batch["key"][i] for i in todo]
         while len(keys) >= cfg.chunk_size:  # full chunks as soon as they fill; the rest at the end
             features = torch.cat(rows)

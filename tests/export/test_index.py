@@ -173,6 +173,23 @@ def test_refusals_are_one_line(embedded, tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "o2").exists()
 
 
+def test_the_index_is_built_without_torch(tmp_path):
+    """eigtrain-index reads the chunks with numpy and safetensors alone: torch's import (seconds, ~500 MB) is not
+    part of building an index."""
+    import subprocess
+
+    from tests.support.runs import clean_env
+
+    source = write_embed_output(tmp_path / "emb", np.eye(8, dtype=np.float32), chunk_size=3)
+    code = (
+        "import sys; from eigtrain.commands import index; "
+        f"code = index(['embeddings={source}', 'out={tmp_path / 'o'}', 'k=4']); "
+        "print(code, 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert done.stdout.split()[-2:] == ["0", "False"], done.stdout + done.stderr
+
+
 def test_the_committed_benchmark_table_is_the_json_it_was_made_from():
     """benchmarks/index.md is generated from benchmarks/index.json (tools/bench_index.py) at a commit of this repo."""
     import importlib.util
