@@ -1,6 +1,6 @@
 """eigtrain-index on an embed output: recall@10 of each kind against exact search under the same similarity, build
-time, and the build's peak memory (RSS high-water of a fresh process that only builds, beside the same process's
-RSS before the build: the imports).
+time, and the build's peak memory (the RSS high-water, VmHWM, of a fresh process that only builds, beside its RSS
+before the build: the imports).
 
     python tools/bench_index.py [--n 100000] [--dim 64] [--queries 200] [--digits-run RUN_DIR] [--out DIR]
 
@@ -32,15 +32,18 @@ from tests.support.embed_outputs import write_embed_output  # noqa: E402
 
 KINDS = [("flat", "cosine"), ("funnel", "cosine"), ("funnel", "spectral"), ("funnel", "inner"), ("ivfpq", "cosine")]
 BUILD = """
-import json, resource, sys, time
+import json, re, sys, time
+from pathlib import Path
 from eigtrain.export.index_build import build
 from eigtrain.export.index_config import IndexConfig
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def status(key):  # kB; VmHWM is this process's own high-water (a fork's ru_maxrss starts at its parent's)
+    return int(re.search(key + r":\\s+(\\d+)", Path("/proc/self/status").read_text())[1]) / 1024
+before = status("VmRSS")
 start = time.perf_counter()
 build(IndexConfig(**json.loads(sys.argv[1])))
 seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "rss_before_mb": before / 1024,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+print(json.dumps({"seconds": seconds, "rss_before_mb": before, "peak_rss_mb": status("VmHWM"),
+                  "torch_imported": "torch" in sys.modules}))
 """
 
 
@@ -106,12 +109,15 @@ def rows_of(source: Path, corpus: np.ndarray, queries: np.ndarray, lam: np.ndarr
 
 def markdown(results: dict) -> str:
     """benchmarks/index.md from benchmarks/index.json."""
+    rows = [r for corpus in results["corpora"].values() for r in corpus["rows"]]
+    torch = "and torch" if any(r["torch_imported"] for r in rows) else "(not torch)"
     lines = [
         "# eigtrain-index: recall@10 against exact search, build time and memory",
         "",
         f"`python tools/bench_index.py {results['args']}` at commit {results['commit']} ({results['machine']}).",
         "recall@10: overlap of the index's top 10 with the exact top 10 under the same similarity. Peak RSS: the",
-        "high-water mark of a process that imports eigtrain and faiss and builds one index (before: after the imports).",
+        f"high-water mark (VmHWM) of a fresh process that imports eigtrain and faiss {torch} and builds one index;",
+        "before: its RSS after the imports. The corpus's features are n x d x 4 bytes.",
         "",
     ]
     for name, corpus in results["corpora"].items():
