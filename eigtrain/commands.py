@@ -62,6 +62,12 @@ def export(argv: list[str] | None = None) -> int:
     return _run("eigtrain-export", c.USAGE, _validated(c.ExportConfig), "eigtrain.export.standalone", argv)
 
 
+def index(argv: list[str] | None = None) -> int:
+    from eigtrain.export import index_config as c
+
+    return _run("eigtrain-index", c.USAGE, _validated(c.IndexConfig), "eigtrain.export.index_build", argv)
+
+
 def shards(argv: list[str] | None = None) -> None:
     from eigtrain.data import shards_config as c
 

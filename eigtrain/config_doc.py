@@ -21,7 +21,7 @@ from eigtrain.engine import base, optim
 from eigtrain.evaluate import command as evaluate
 from eigtrain.export import command as rr_job
 from eigtrain.export import corpus as embed_corpus
-from eigtrain.export import rayleigh_ritz
+from eigtrain.export import index_config, rayleigh_ritz
 from eigtrain.models import backbones
 from eigtrain.objectives import OBJECTIVES, moments, nesting
 from eigtrain.synthetic import config, grid, kernels, table
@@ -40,6 +40,7 @@ COMMANDS = [
     ("eigtrain-rr", rr_job.RRJobConfig),
     ("eigtrain-eval", evaluate.EvalConfig),
     ("eigtrain-embed", embed_corpus.EmbedConfig),
+    ("eigtrain-index", index_config.IndexConfig),
     ("eigtrain-shards", write.WriteArgs),
     ("eigtrain-shards index", write.IndexArgs),
     ("eigtrain-synthetic", config.SyntheticConfig),

@@ -15,7 +15,6 @@ out= (a lock on the directory); overwrite=true starts over, deleting only what e
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -23,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from eigtrain import dist as edist
@@ -42,6 +40,7 @@ from eigtrain.export.embed import (
 from eigtrain.export.embed_chunks import (
     CHUNK,
     DTYPES,
+    FORMAT,
     MANIFEST,
     changed_chunks,
     chunk_files,
@@ -52,13 +51,13 @@ from eigtrain.export.embed_chunks import (
     write_manifest,
 )
 from eigtrain.export.embed_config import USAGE, EmbedConfig  # noqa: F401  (checked before torch)
+from eigtrain.export.embed_read import iter_embeddings
 from eigtrain.export.files import TENSORS, OrderedHead, load_head
+from eigtrain.export.manifests import read_tagged
 from eigtrain.runs.checksums import file_sha256
 from eigtrain.runs.lock import RunDirInUse, lock_directory, release_directory
 from eigtrain.runs.output_dirs import EMBED_ENTRIES, OutputDirError, check_output_dir
 from eigtrain.runs.provenance import export_provenance
-
-FORMAT = "eigtrain-embeddings-v1"  # manifest["format"]: the mark of a directory eigtrain-embed wrote
 
 
 def check_out(out: Path) -> dict | None:
@@ -67,15 +66,10 @@ def check_out(out: Path) -> dict | None:
     chunks = (out / MANIFEST).is_file() and out.is_dir()
     own = {p.name for p in out.iterdir() if CHUNK.fullmatch(p.name)} if chunks else set()
     check_output_dir(out, own | EMBED_ENTRIES, "out")
-    if not (out / MANIFEST).exists():
-        return None
     try:
-        manifest = json.loads((out / MANIFEST).read_text())
-    except (OSError, ValueError) as error:
-        raise OutputDirError(f"out={out}: cannot read {out / MANIFEST} ({error}): refusing to write there") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise OutputDirError(f"out={out} holds a {MANIFEST} eigtrain-embed did not write: refusing to write there")
-    return manifest
+        return read_tagged(out / MANIFEST, FORMAT, "eigtrain-embed")
+    except ValueError as error:
+        raise OutputDirError(f"out={out}: {error}: refusing to write there") from None
 
 
 def load_export(cfg: EmbedConfig, run: TrainedRun) -> tuple[Path, OrderedHead, dict]:
@@ -166,7 +160,7 @@ def embed_share(
             continue
         images = _take(batch[field], todo)
         x = normalize.view(images.to(device), None, 0, _take(batch.get("size"), todo))
-        rows.append(head(encoder(x).double(), spec["k"]).to(DTYPES[spec["dtype"]]).cpu())
+        rows.append(head(encoder(x).double(), spec["k"]).to(getattr(torch, spec["dtype"])).cpu())
         keys += [batch["key"][i] for i in todo]
         while len(keys) >= cfg.chunk_size:  # full chunks as soon as they fill; the rest at the end
             features = torch.cat(rows)
@@ -279,28 +273,17 @@ def _embed(cfg, env, device, out: Path, old: dict | None, trained, head, spec: d
 
 
 def read_embeddings(out: str | os.PathLike, k: int | None = None) -> tuple[list[str], torch.Tensor]:
-    """(keys, features[:, :k]) of a complete eigtrain-embed output, sorted by key (the same for any world size);
-    every chunk checked against the manifest first (one line naming what was removed or changed)."""
-    out = Path(out)
-    manifest = check_out(out) if out.is_dir() else None
-    if not manifest or not manifest.get("complete"):
-        raise ValueError(f"{out} holds no complete eigtrain-embed output (run eigtrain-embed to finish it)")
-    changed = changed_chunks(out, manifest) if "chunk_files" in manifest else []
-    if changed:
-        raise ValueError(
-            f"{out}: chunk(s) {', '.join(changed[:3])} removed or changed since the output was complete: run "
-            f"eigtrain-embed again with the same settings (it embeds what is missing)"
-        )
+    """(keys, features[:, :k]) of a complete eigtrain-embed output, sorted by key (the same for any world size), in
+    the stored dtype; every chunk checked against the manifest first (one line naming what was removed or changed).
+    `eigtrain.export.embed_read.iter_embeddings` streams the same rows as numpy blocks without holding them all."""
     keys: list[str] = []
     parts = []
-    for path in chunk_files(out):
-        keys += chunk_keys(path)
-        parts.append(load_file(str(path))["features"])
+    for block_keys, block in iter_embeddings(out, k, dtype=None):
+        keys += block_keys
+        parts.append(torch.from_numpy(block))
     features = torch.cat(parts)
-    if k is not None and not 1 <= k <= features.shape[1]:
-        raise ValueError(f"k={k} must lie in 1..{features.shape[1]}")
     order = sorted(range(len(keys)), key=keys.__getitem__)
-    return [keys[i] for i in order], features[order, :k]
+    return [keys[i] for i in order], features[order]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,18 +13,21 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save
 
 from eigtrain import safe_files
 from eigtrain.runs.checksums import file_sha256
 
 MANIFEST = "manifest.json"
+FORMAT = "eigtrain-embeddings-v1"  # manifest["format"]: the mark of a directory eigtrain-embed wrote
 # .NAME[.HEX].tmp: one being written (eigtrain.safe_files)
 CHUNK = re.compile(r"\.?rank-(\d+)-chunk-(\d{5})\.safetensors(?:\.[0-9a-f]{12})?(\.tmp)?")
-DTYPES = {"float16": torch.float16, "float32": torch.float32}
+DTYPES = ("float16", "float32")  # torch's dtypes of these names; no torch here: reading chunks needs only numpy
+
+if TYPE_CHECKING:
+    import torch
 
 
 def settings_id(spec: dict) -> str:
@@ -46,7 +49,7 @@ def chunk_keys(path: Path, spec: dict | None = None) -> list[str]:
     """The keys of chunk `path`; with `spec` (the manifest's settings), also checked to be one of that output's
     chunks: its settings digest, one row per key, the width k and the dtype. ValueError (one line) otherwise."""
     try:
-        with safe_open(str(path), "pt") as f:
+        with safe_open(str(path), "np") as f:
             meta = f.metadata() or {}
             keys = json.loads(meta["keys"])
             if spec is not None:
@@ -69,8 +72,10 @@ def chunk_keys(path: Path, spec: dict | None = None) -> list[str]:
     return keys
 
 
-def write_chunk(out: Path, rank: int, index: int, keys: list[str], features: torch.Tensor, spec: dict) -> Path:
+def write_chunk(out: Path, rank: int, index: int, keys: list[str], features: "torch.Tensor", spec: dict) -> Path:
     """One chunk, renamed into place once written: it exists only when complete; the same bytes for the same rows."""
+    from safetensors.torch import save
+
     path = out / f"rank-{rank}-chunk-{index:05d}.safetensors"
     meta = {"keys": json.dumps(keys), "settings": settings_id(spec)}
     safe_files.write_bytes(path, _sorted_metadata(save({"features": features.contiguous()}, meta)))

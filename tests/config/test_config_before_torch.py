@@ -50,6 +50,8 @@ BAD = [
     ("evaluate", ["run_dir=r", "random_draws=abc"], "random_draws"),
     ("embed", ["run_dir=r", "out=o", "dtype=int8"], "dtype='int8'"),
     ("export", ["run_dir=r", "out=o", "format=tflite"], "format='tflite'"),
+    ("index", ["embeddings=e", "out=o", "kind=hnsw"], "kind='hnsw'"),
+    ("index", ["embeddings=e", "out=o", "dims=8", "k=16"], "k=16 must not exceed dims=8"),
     ("shards", ["source=nope", "out=o"], "unknown source 'nope'"),
     ("shards", ["index", "out=x"], "usage: eigtrain-shards index PATTERN"),
     ("synthetic", ["kernel=legendre", "rank=abc"], "rank"),
@@ -66,7 +68,7 @@ def test_a_bad_command_line_is_refused_before_torch_is_imported(name, args, says
     assert not torch_imported, f"eigtrain-{name} imported torch before refusing {args}"
 
 
-@pytest.mark.parametrize("name", ["rr", "evaluate", "embed", "export", "shards", "synthetic", "train"])
+@pytest.mark.parametrize("name", ["rr", "evaluate", "embed", "export", "index", "shards", "synthetic", "train"])
 def test_help_comes_before_torch(name):
     code, torch_imported, _ = _run(name, ["--help"])
     assert code in (0, None) and not torch_imported
