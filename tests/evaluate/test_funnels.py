@@ -17,6 +17,7 @@ from eigtrain.evaluate.funnels import (
     spectrum_cuts,
     upward_tail_norms,
 )
+from tests.support.runs import REPO
 
 
 def _data(kind: str, seed: int, n: int = 600, d: int = 24):
@@ -160,24 +161,50 @@ def test_eval_reports_retrieval_funnels_on_stored_features_when_asked(tmp_path, 
     assert not (tmp_path / "ev2" / "retrieval_funnels.png").exists()
 
 
-def test_bench_funnels_writes_every_row_family_and_its_exact_rows_recall_everything(tmp_path, capsys):
+def _bench():
     import importlib.util
-    import json
-    from pathlib import Path
 
-    pytest.importorskip("faiss")
-    path = Path(__file__).resolve().parents[2] / "tools" / "bench_funnels.py"
-    spec = importlib.util.spec_from_file_location("bench_funnels", path)
+    spec = importlib.util.spec_from_file_location("bench_funnels", REPO / "tools" / "bench_funnels.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    results = bench.main(["--n", "600", "--dim", "20", "--queries", "4", "--out", str(tmp_path)])
-    assert json.loads(capsys.readouterr().out)["synthetic"]["info"] == results["synthetic"]["info"]
-    for ref in ("s", "ip"):
-        rows = {r["method"].split(" (")[0]: r for r in results["synthetic"][ref]}
-        assert rows["fixed k=20"]["recall@10"] == 1.0 and rows["bound early stop"]["recall@10"] == 1.0
-        assert {bench._family(m) for m in rows} == {"fixed", "MRL", "spectrum", "bound", "PCA", "IVF-PQ"}
-    assert (tmp_path / "funnels.md").exists() and (tmp_path / "funnels.png").stat().st_size > 0
+    return bench
+
+
+def test_bench_funnels_writes_every_row_family_and_its_exact_rows_recall_everything(tmp_path, capsys):
+    """Every family on both corpora; on the mixed one (a rotated, anisotropic basis) PCA's prefixes are not the
+    eigenbasis prefixes, and they find more at small k."""
+    import json
+
+    pytest.importorskip("faiss")
+    bench = _bench()
+    results = bench.main(["--n", "600", "--dim", "20", "--queries", "20", "--out", str(tmp_path)])
+    assert json.loads(capsys.readouterr().out) == results
+    assert json.loads((tmp_path / "funnels.json").read_text()) == results
+    assert results["commands"] == ["python tools/bench_funnels.py --n 600 --dim 20 --queries 20 --out " + str(tmp_path)]
+    for corpus in ("synthetic", "mixed"):
+        for ref in ("s", "ip"):
+            rows = {r["method"].split(" (")[0]: r for r in results["corpora"][corpus][ref]}
+            assert rows["fixed k=20"]["recall@10"] == 1.0 and rows["bound early stop"]["recall@10"] == 1.0
+            assert {bench._family(m) for m in rows} == {"fixed", "MRL", "spectrum", "bound", "PCA", "IVF-PQ"}
+    mixed = {r["method"]: r["recall@10"] for r in results["corpora"]["mixed"]["ip"]}
+    assert mixed["PCA fixed k=8"] > mixed["fixed k=8"] + 0.15
+    assert (tmp_path / "funnels.md").read_text() == bench.markdown(results)
+    assert (tmp_path / "funnels.png").stat().st_size > 0
+
+
+def test_the_committed_funnels_table_is_the_json_it_was_made_from():
+    """benchmarks/funnels.md is benchmarks/funnels.json rendered by tools/bench_funnels.py, made at a commit of this
+    repository, with the digits rows from a run the JSON says how to make."""
+    import json
+    import subprocess
+
+    results = json.loads((REPO / "benchmarks" / "funnels.json").read_text())
+    assert set(results["corpora"]) == {"synthetic", "mixed", "digits"}
+    assert any(c.startswith("OMP_NUM_THREADS=1 eigtrain-train experiment=quickstart") for c in results["commands"])
+    committed = subprocess.run(["git", "cat-file", "-e", f"{results['commit']}^{{commit}}"], cwd=REPO)
+    assert committed.returncode == 0, f"benchmarks/funnels.json names commit {results['commit']}, not in this repo"
+    assert (REPO / "benchmarks" / "funnels.md").read_text() == _bench().markdown(results)
 
 
 def test_funnel_plans_have_no_redundant_stages():
