@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eigtrain.export.moments import RRAccumulator, t_matmul
+from eigtrain.export.whitening import cho_solve, cholesky_whitener, descending_eigh, ridged, unwhitened, whitened
 from eigtrain.export.rr_config import MODES, TRIVIAL  # noqa: F401  (the configuration's names)
 
 IN_SPAN_TOL = 1e-6  # mean-square residual below which the span counts as holding the constant
@@ -69,20 +70,10 @@ class RRResult:
         return (z.to(F64) - self.right_mean.to(z.device)) @ self.right_transform[:, :k].to(z.device)
 
 
-def _ridged(gram: torch.Tensor, ridge: float) -> torch.Tensor:
-    """G + ridge * (mean eigenvalue of G) * I."""
-    if ridge < 0:
-        raise ValueError(f"ridge must be >= 0, got {ridge}")
-    if ridge == 0:
-        return gram
-    d = gram.shape[0]
-    return gram + ridge * (torch.trace(gram) / d) * torch.eye(d, dtype=F64, device=gram.device)
-
-
 def _range(gram: torch.Tensor, ridge: float, rtol: float, what: str, n: int | None = None):
     """Eigenpairs of the (ridged) Gram on its numerical range: eigenvalues > rtol * the largest, descending.
     n: the number of pairs; a range as wide as the sample (rank >= n) is refused: n pairs cannot order it."""
-    evals, evecs = _descending_eigh(_ridged(gram, ridge))
+    evals, evecs = descending_eigh(ridged(gram, ridge))
     if not evals[0] > 0:
         raise ValueError(f"Rayleigh-Ritz: every dimension of {what} is constant over the data (nothing to order)")
     keep = evals > rtol * evals[0]
@@ -92,69 +83,6 @@ def _range(gram: torch.Tensor, ridge: float, rtol: float, what: str, n: int | No
             f"limited by the sample, so any order would be the sample's): give more pairs than dimensions"
         )
     return evals[keep], evecs[:, keep]
-
-
-def _cholesky_whitener(gram: torch.Tensor, ridge: float, rtol: float, n: int) -> torch.Tensor | None:
-    """The (ridged) Gram's Cholesky factor L (G = L L^T: W = L^-T whitens, W^T G W = I), when the Gram is plainly of
-    full rank: the same generalized solve as whitening on the range, for a third of the cost of an
-    eigendecomposition, and W is never formed (`_whitened`, `_unwhitened`: triangular solves). None
-    (the range's eigendecomposition decides) when the factorization fails or the smallest eigenvalue, estimated
-    by inverse iteration, is not far above rtol * the largest (or when n pairs could not order d dimensions)."""
-    g = _ridged(gram, ridge)
-    d = len(g)
-    if d >= n:
-        return None
-    factor, info = torch.linalg.cholesky_ex((g + g.T) / 2)
-    if int(info) != 0:
-        return None
-    x = torch.ones(d, 1, dtype=F64, device=g.device) / d**0.5
-    for _ in range(6):  # inverse iteration: any direction of (near) rank deficiency dominates after one step
-        x = torch.cholesky_solve(x, factor)
-        x = x / x.norm()
-    smallest = float((x.T @ g @ x).squeeze())  # an upper bound of the smallest eigenvalue, tight when it stands out
-    y = torch.ones(d, 1, dtype=F64, device=g.device) / d**0.5
-    for _ in range(10):  # power iteration: a lower bound of the largest eigenvalue, tight within a few steps
-        y = g @ y
-        y = y / y.norm()
-    largest = float((y.T @ g @ y).squeeze())
-    if not smallest > 1e3 * rtol * largest:  # a wide margin over the range's own cut (rtol * the largest)
-        return None
-    return factor
-
-
-def _whitened(cross: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """W^T K W = L^-1 K L^-T for symmetric K: two triangular solves (BLAS trsm), where forming W = L^-T and two
-    products would cost twice the flops."""
-    if cross.device.type != "cpu":
-        x = torch.linalg.solve_triangular(factor, cross, upper=False)
-        return torch.linalg.solve_triangular(factor, x.T, upper=False)
-    from scipy.linalg import solve_triangular
-
-    lower = factor.numpy()
-    x = solve_triangular(lower, cross.numpy(), lower=True, check_finite=False)  # L^-1 K
-    return torch.from_numpy(solve_triangular(lower, x.T, lower=True, check_finite=False))  # L^-1 (K L^-T)
-
-
-def _unwhitened(factor: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """W y = L^-T y: one triangular solve."""
-    if y.device.type != "cpu":
-        return torch.linalg.solve_triangular(factor.T, y, upper=True)
-    from scipy.linalg import solve_triangular
-
-    return torch.from_numpy(solve_triangular(factor.numpy(), y.numpy(), trans="T", lower=True, check_finite=False))
-
-
-def _descending_eigh(sym: torch.Tensor):
-    sym = (sym + sym.T) / 2
-    if sym.device.type != "cpu":
-        evals, evecs = torch.linalg.eigh(sym)
-        return evals.flip(0), evecs.flip(1)
-    import scipy.linalg
-
-    # On the CPU the LAPACK of numpy/scipy (the moments' BLAS) rather than torch's: one library's threads for the whole
-    # pass (tools/bench_rr_scale.py; torch's eigh took 4.8 s at d = 512 on its first call in a loaded process)
-    evals, evecs = scipy.linalg.eigh(sym.numpy(), driver="evd", overwrite_a=True, check_finite=False)
-    return torch.from_numpy(evals).flip(0), torch.from_numpy(evecs).flip(1)
 
 
 def _rank(gram: torch.Tensor, ridge: float, rtol: float, range_evals: torch.Tensor) -> int:
@@ -175,17 +103,26 @@ def fix_signs(*transforms: torch.Tensor) -> None:
         t.mul_(signs)
 
 
-def constant_readout(raw_gram: torch.Tensor, mean: torch.Tensor, rtol: float, live=None, full_rank: bool = False):
+def constant_readout(
+    raw_gram: torch.Tensor, mean: torch.Tensor, rtol: float, live=None, full_rank: bool = False, centered_factor=None
+):
     """(w, residual): the least-squares w with z @ w ~ 1 under the data (w = G^+ E[z] on G's numerical range,
     over the `live` coordinates only when given) and E[(1 - z @ w)^2] = 1 - E[z]^T w (0: the span holds 1).
     full_rank: the centered Gram has no null direction, so the raw one (it plus the mean's outer product) is
-    positive definite: a Cholesky solve instead of an eigendecomposition (a sixth of the cost)."""
+    positive definite: a Cholesky solve instead of an eigendecomposition (a sixth of the cost).
+    centered_factor: the centered Gram's Cholesky factor, already computed (the solve's whitener): with
+    x = G_c^-1 m, Sherman-Morrison gives w = (G_c + m m^T)^-1 m = x / (1 + m^T x) and the residual 1 / (1 + m^T x),
+    O(d^2) where a factorization of the raw Gram costs d^3 / 3."""
     live = torch.ones_like(mean, dtype=torch.bool) if live is None else live
     w = torch.zeros_like(mean)
+    if centered_factor is not None and live.all():
+        x = cho_solve(centered_factor, mean[:, None])[:, 0]
+        spread = 1 + float(mean @ x)
+        return x / spread, 1 / spread
     if full_rank and live.all():
         factor, info = torch.linalg.cholesky_ex((raw_gram + raw_gram.T) / 2)
         if int(info) == 0:
-            w = torch.cholesky_solve(mean[:, None], factor)[:, 0]
+            w = cho_solve(factor, mean[:, None])[:, 0]
             return w, float((1 - mean @ w).clamp_min(0))
     if live.any():
         evals, evecs = _range(raw_gram[live][:, live], 0.0, rtol, "the embedding")
@@ -295,25 +232,26 @@ def solve(
         pooled_scaled = pooled * scale
     else:
         scale, pooled_scaled = None, pooled
-    whitener = _cholesky_whitener(gram, ridge, rtol, acc.n) if mode == "generalized" else None
+    whitener = cholesky_whitener(gram, ridge, rtol, acc.n) if mode == "generalized" else None
     if whitener is None:
         evals, evecs = _range(gram, ridge, rtol, "the embedding", acc.n)
     extra: dict = {}
     if mode == "generalized" and whitener is not None:  # the exact solve, the Gram of full rank: W = L^-T
-        values, y = _descending_eigh(_whitened(cross, whitener))
-        transform = _unwhitened(whitener, y)
+        values, y = descending_eigh(whitened(cross, whitener))
+        transform = unwhitened(whitener, y)
         evals = torch.ones(len(gram), dtype=F64)  # only its size is used below
     elif mode == "generalized":  # the exact solve: whiten by the Gram on its range, then K's eigenbasis there
         w = evecs * evals.rsqrt()
-        values, y = _descending_eigh(t_matmul(w, t_matmul(cross, w)))  # w^T K w (K symmetric), numpy's BLAS
+        values, y = descending_eigh(t_matmul(w, t_matmul(cross, w)))  # w^T K w (K symmetric), numpy's BLAS
         transform = t_matmul(w.T, y)
     elif mode in ("paper-rq", "paper-vicreg"):  # Algorithms F.1 / F.2: the basis is taken as orthonormal
-        values, y = _descending_eigh(evecs.T @ cross @ evecs)  # (on the range: null directions are zero features)
+        values, y = descending_eigh(evecs.T @ cross @ evecs)  # (on the range: null directions are zero features)
         transform = evecs @ y
     else:  # paper-lora, Algorithm F.3: LoRA features are Q sqrt(Sigma) psi*, so the Gram's spectrum
         values, transform = evals, evecs * evals.rsqrt()  # the ridge enters Sigma^{-1/2} as in the other modes
     full_rank = ridge == 0 and len(evals) == len(gram) and (dead is None or not dead.any())
-    readout = constant_readout(raw, pooled_scaled, rtol, full_rank=full_rank) if exclude else None
+    factor = whitener if center and ridge == 0 else None  # of the centered Gram: raw = centered + pooled pooled^T
+    readout = constant_readout(raw, pooled_scaled, rtol, full_rank=full_rank, centered_factor=factor) if exclude else None
     rank = _rank(gram, ridge, rtol, evals)
     dims = _dims_report(gram, raw, pooled_scaled, exclude, rtol, transform.shape[1], rank, readout, dead)
     if scale is not None:  # back to the embedding's own coordinates
