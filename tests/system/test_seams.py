@@ -2,7 +2,8 @@
 
 One short training run per data source (module scope, the online monitor on) is reused by eigtrain-rr (run_dir=,
 split=train and split=val), eigtrain-eval (run_dir=, both Rayleigh-Ritz conventions) and the monitor's check;
-eigtrain-rr also orders a user model and a timm model over each source, and embedding files. Sources: an
+eigtrain-rr also orders a user model and a timm model over each source, and embedding files; each split=val
+eigtrain-embed output becomes an eigtrain-index. Sources: an
 eigtrain-shards directory (data.root), foreign webdataset shards on disk (data.shards as a brace pattern and as a
 list, data.val_shards), the same shards served over HTTP on 127.0.0.1, and one-channel 28x28 images from
 MNIST-format idx files (eigtrain-shards source=idx, data=fashion_mnist; also named by pattern after training on
@@ -297,6 +298,13 @@ def test_embed_every_sample_of_a_split(runs, exports, data, source, split, tmp_p
     manifest = json.loads((exports[source] / "manifest.json").read_text())
     assert len(set(keys)) == len(keys) == counts(data, source)[split]
     assert features.shape[1] == len(manifest["spectrum"]) and torch.isfinite(features).all()
+    if split == "val":  # the embed output becomes a search index: each vector's nearest neighbour is itself
+        from eigtrain.export.index import open_index
+        from eigtrain.export.index_build import main as index_main
+
+        assert index_main([f"embeddings={out}", f"out={tmp_path / 'index'}", "kind=flat"]) == 0
+        found, _ = open_index(tmp_path / "index").search(features[:20].float().numpy(), 1)
+        assert [row[0] for row in found] == list(keys[:20])
 
 
 def idx_shards_by_pattern(data) -> list[str]:
