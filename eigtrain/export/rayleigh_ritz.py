@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import torch
 
 from eigtrain.export.moments import RRAccumulator, t_matmul
-from eigtrain.export.whitening import cho_solve, cholesky_whitener, descending_eigh, ridged, unwhitened, whitened
 from eigtrain.export.rr_config import MODES, TRIVIAL  # noqa: F401  (the configuration's names)
+from eigtrain.export.whitening import cho_solve, cholesky_whitener, descending_eigh, ridged, unwhitened, whitened
 
 IN_SPAN_TOL = 1e-6  # mean-square residual below which the span counts as holding the constant
 F64 = torch.float64
@@ -251,7 +251,9 @@ def solve(
         values, transform = evals, evecs * evals.rsqrt()  # the ridge enters Sigma^{-1/2} as in the other modes
     full_rank = ridge == 0 and len(evals) == len(gram) and (dead is None or not dead.any())
     factor = whitener if center and ridge == 0 else None  # of the centered Gram: raw = centered + pooled pooled^T
-    readout = constant_readout(raw, pooled_scaled, rtol, full_rank=full_rank, centered_factor=factor) if exclude else None
+    readout = (
+        constant_readout(raw, pooled_scaled, rtol, full_rank=full_rank, centered_factor=factor) if exclude else None
+    )
     rank = _rank(gram, ridge, rtol, evals)
     dims = _dims_report(gram, raw, pooled_scaled, exclude, rtol, transform.shape[1], rank, readout, dead)
     if scale is not None:  # back to the embedding's own coordinates
