@@ -251,9 +251,7 @@ def solve(
         values, transform = evals, evecs * evals.rsqrt()  # the ridge enters Sigma^{-1/2} as in the other modes
     full_rank = ridge == 0 and len(evals) == len(gram) and (dead is None or not dead.any())
     factor = whitener if center and ridge == 0 else None  # of the centered Gram: raw = centered + pooled pooled^T
-    readout = (
-        constant_readout(raw, pooled_scaled, rtol, full_rank=full_rank, centered_factor=factor) if exclude else None
-    )
+    readout = constant_readout(raw, pooled_scaled, rtol, None, full_rank, factor) if exclude else None
     rank = _rank(gram, ridge, rtol, evals)
     dims = _dims_report(gram, raw, pooled_scaled, exclude, rtol, transform.shape[1], rank, readout, dead)
     if scale is not None:  # back to the embedding's own coordinates

@@ -133,7 +133,7 @@ def test_the_stream_takes_the_schemas_data_config_and_the_jobs_own_arguments(tmp
         (dict(image_fit="stretch"), "image_fit must be one of"),
         (dict(mode="x"), "mode must be one"),
         (dict(one_pass=True, resampled=True), "cannot be combined"),
-        (dict(image_size=(4,)), "(H, W)"),
+        (dict(image_size=(4,)), "[H, W]"),
         (dict(mode="pairs", jpeg_device="cpu"), "jpeg_device"),
     ]:
         with pytest.raises(ValueError, match=re.escape(match)):
