@@ -18,6 +18,7 @@ import torch
 
 from eigtrain import safe_files
 from eigtrain.evaluate import retrieval
+from eigtrain.evaluate.funnels import recall_at
 from eigtrain.evaluate.probes import constant_shares, pca_features
 from eigtrain.evaluate.report import PREFIX_METHODS
 from eigtrain.evaluate.table import random_subsets
@@ -49,8 +50,8 @@ def label_free(train_y: torch.Tensor, test_y: torch.Tensor, sources: Mapping[str
 
 
 def overlap(found: torch.Tensor, reference: torch.Tensor) -> float:
-    """The share of each row of `reference` (queries x top) found anywhere in the same row of `found`."""
-    return (found[:, :, None] == reference[:, None, :]).any(-1).sum().item() / max(reference.numel(), 1)
+    """The share of each row of `reference` (queries x top) found in the same row of `found` (funnels.recall_at)."""
+    return recall_at(found.numpy(), reference.numpy(), reference.shape[1])
 
 
 def neighbour_recall(
