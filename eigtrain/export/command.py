@@ -170,8 +170,22 @@ def _solve_and_save(cfg: RRJobConfig, env, device: torch.device) -> dict:
         if result.extra["ties"]:
             print(ties_line(result.extra["ties"]))
         print(f"eigtrain-rr: export {out} ({out / 'manifest.json'})")
+        spectrum_to_wandb(source, result.eigenvalues.tolist())
     edist.barrier()
     return summary
+
+
+def spectrum_to_wandb(source: dict, eigenvalues: list[float]) -> None:
+    """The spectrum in the run's wandb run (eigtrain.export.rr_wandb); a failure there loses nothing: one line."""
+    from eigtrain.export.rr_wandb import log_rr_spectrum
+
+    try:
+        if log_rr_spectrum(source, eigenvalues):
+            print("eigtrain-rr: the spectrum is logged to the run's wandb run (rr/spectrum)")
+    except Exception as exn:  # noqa: BLE001 - the export is written; wandb is a view of it
+        print(
+            f"eigtrain-rr: the spectrum was not logged to wandb ({type(exn).__name__}: {exn}); the export is complete"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

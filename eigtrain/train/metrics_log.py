@@ -119,8 +119,9 @@ WANDB_EIGENVALUES = 64  # curves in wandb; the whole spectrum stays in metrics.j
 
 
 def wandb_record(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A metrics.jsonl record as wandb plots it: the spectrum as one curve per eigenvalue over the steps
-    (`eigenvalue/001` the largest, up to WANDB_EIGENVALUES), every other value as it is."""
+    """A metrics.jsonl record as wandb plots it: one curve per coordinate over the steps (`eigenvalue/001`: the
+    first coordinate's Rayleigh quotient on the batch, in coordinate order, up to WANDB_EIGENVALUES; not the sorted
+    spectrum, which eigtrain-rr logs as `rr/spectrum`), every other value as it is."""
     out = {k: v for k, v in record.items() if k != "eigenvalues"}
     spectrum = record.get("eigenvalues")
     if isinstance(spectrum, list) and all(isinstance(v, (int, float)) for v in spectrum):

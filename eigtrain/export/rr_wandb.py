@@ -1,0 +1,59 @@
+"""The Rayleigh-Ritz spectrum in the training run's wandb run: eigtrain-rr on a run directory resumes the run's
+wandb id (its config's logging.wandb: mode, project, entity; its `wandb_id` file) and logs the exported spectrum as
+its own curve, eigenvalue against feature index (`rr/spectrum`), with `rr/eigenvalue/NNN` (NNN = feature, largest
+first) in the run's summary. The training curves `eigenvalue/NNN` are something else: coordinate NNN's live estimate
+during training, in the encoder's coordinate order (docs/configs.md)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+from eigtrain.redact import redacted_argv
+from eigtrain.runs.saved_config import load_saved_config
+
+SUMMARY_EIGENVALUES = 64  # rr/eigenvalue/NNN in the summary; the whole spectrum is in the curve and the manifest
+
+
+def spectrum_record(wandb: Any, eigenvalues: Sequence[float], step: int | None) -> tuple[dict, dict]:
+    """(what wandb.log takes, what goes in the summary) for the exported spectrum (descending)."""
+    values = [float(v) for v in eigenvalues]
+    table = wandb.Table(columns=["feature", "eigenvalue"], data=[[i, v] for i, v in enumerate(values, 1)])
+    title = "Rayleigh-Ritz spectrum" + (f" (checkpoint step {step})" if step is not None else "")
+    curve = wandb.plot.line(table, "feature", "eigenvalue", title=title)
+    summary = {f"rr/eigenvalue/{i:03d}": v for i, v in enumerate(values[:SUMMARY_EIGENVALUES], 1)}
+    return {"rr/spectrum": curve}, {**summary, "rr/features": len(values), "rr/step": step}
+
+
+def log_rr_spectrum(source: dict[str, Any], eigenvalues: Sequence[float]) -> bool:
+    """Log the spectrum to the wandb run of `source`'s run (a checkpoint source); False when there is none to log
+    to: not a run, wandb disabled in its config, no `wandb_id`, or wandb not installed."""
+    if source.get("kind") != "checkpoint":
+        return False
+    run_dir = Path(source["run_dir"])
+    id_file = run_dir / "wandb_id"
+    wandb_cfg = load_saved_config(run_dir / "config.yaml").get("logging", {}).get("wandb", {})
+    mode = wandb_cfg.get("mode", "offline")
+    if mode == "disabled" or not id_file.is_file() or id_file.is_symlink():
+        return False
+    try:
+        import wandb
+    except ImportError:
+        logging.getLogger(__name__).warning("the run logs to wandb but wandb is not installed: spectrum not logged")
+        return False
+    run_id = id_file.read_text()[:64].strip()
+    with redacted_argv():  # wandb records the command line: never with credentials
+        run = wandb.init(
+            project=wandb_cfg.get("project", "eigtrain"),
+            entity=wandb_cfg.get("entity"),
+            id=run_id,
+            resume="allow",
+            mode=mode,
+            dir=str(run_dir),
+        )
+    logged, summary = spectrum_record(wandb, eigenvalues, source.get("step"))
+    run.log(logged)
+    run.summary.update(summary)
+    run.finish()
+    return True
