@@ -249,7 +249,7 @@ def _rr_features(cfg, rr_dir: Path, run, train: dict, test: dict):
     if run is not None:  # the export must be of the weights scored here (eigtrain.runs.provenance)
         provenance = export_provenance(Path(rr_dir), run.weights, run.weights_sha256, cfg.allow_foreign_export)
     train["rr"], test["rr"] = head(train["raw"].double()).float(), head(test["raw"].double()).float()
-    if "paper_transform" in safe_open(str(Path(rr_dir) / "rr.safetensors"), "pt").keys():  # both conventions
+    if "paper_eigenvalues" in safe_open(str(Path(rr_dir) / "rr.safetensors"), "pt").keys():  # both conventions
         paper = load_head(rr_dir, dtype=torch.float64, convention="paper")
         train["rr_paper"], test["rr_paper"] = paper(train["raw"].double()).float(), paper(test["raw"].double()).float()
     return head, provenance

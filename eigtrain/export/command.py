@@ -15,8 +15,8 @@ from eigtrain.export import embedding_files
 from eigtrain.export.files import claimed_target, rr_manifest, save_export
 from eigtrain.export.moments import RRAccumulator
 from eigtrain.export.prefixes import cut_errors, cuts_report, order_ties, tie_groups, undetermined_cuts
-from eigtrain.export.raw_span import paper_convention
-from eigtrain.export.rayleigh_ritz import centered, default_rtol, solve
+from eigtrain.export.raw_span import paper_convention, paper_from_export
+from eigtrain.export.rayleigh_ritz import RRResult, centered, default_rtol, solve
 from eigtrain.export.rr_config import USAGE, EncoderConfig, EncoderDataConfig, RRJobConfig, parse_args  # noqa: F401
 from eigtrain.export.rr_lines import cuts_line, dimensions_line, ties_line, width_line
 from eigtrain.runs.checksums import file_sha256, files_sha256
@@ -60,6 +60,9 @@ def solve_both_conventions(acc: RRAccumulator, cfg: RRJobConfig):
         exact = solve(acc, cfg.mode, trivial=cfg.trivial, **{**kwargs, "ridge": 0.0})
         result.extra["exact_spectrum"] = exact.eigenvalues
     if cfg.trivial == "exclude":
+        if paper is not None and cfg.ties == "variance":  # the export's transform is reordered: not derivable from it
+            values, transform = paper_from_export(main.eigenvalues, main.transform, main.mean)
+            paper = RRResult(values, transform, torch.zeros_like(main.mean), "generalized", acc.n)
         result.extra["paper_convention"] = paper or solve(acc, cfg.mode, trivial="keep", **kwargs)  # untested cuts
     return result
 

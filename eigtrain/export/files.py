@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 from eigtrain import safe_files
 from eigtrain.export.prefixes import spectral_k_report
+from eigtrain.export.raw_span import DerivedPaper, paper_from_export
 from eigtrain.export.rayleigh_ritz import IN_SPAN_TOL, RRResult
 from eigtrain.redact import redact_config
 from eigtrain.runs.checksums import file_sha256
@@ -190,7 +191,9 @@ def _trivial_tensors(result: RRResult) -> dict:
         if result.trivial.get("right_transform") is not None:
             tensors["trivial_right_transform"] = result.trivial["right_transform"]
     paper = result.extra.get("paper_convention")
-    if paper is not None:
+    if isinstance(paper, DerivedPaper):  # its features are a function of the export's own tensors (load_head)
+        tensors["paper_eigenvalues"] = paper.eigenvalues
+    elif paper is not None:
         tensors.update(paper_eigenvalues=paper.eigenvalues, paper_transform=paper.transform, paper_mean=paper.mean)
         if paper.right_transform is not None:
             tensors.update(paper_right_transform=paper.right_transform, paper_right_mean=paper.right_mean)
@@ -278,6 +281,18 @@ class OrderedHead(nn.Module):
         return (z - self.mean) @ t
 
 
+def _paper_tensors(t: dict, file: Path) -> dict:
+    """The paper convention's tensors: stored (paper_*), or derived from the export's (`DerivedPaper`), its
+    eigenvalues held to the ones the export stored."""
+    if "paper_transform" in t:
+        return {k.removeprefix("paper_"): v for k, v in t.items() if k.startswith("paper_")}
+    values, transform = paper_from_export(t["eigenvalues"], t["transform"], t["mean"])
+    stored = t["paper_eigenvalues"].double()
+    if not torch.allclose(values, stored, rtol=0, atol=1e-9 * max(1.0, float(stored.abs().max()))):
+        raise ValueError(f"{file}: the paper convention derived from the export does not give its stored eigenvalues")
+    return {"eigenvalues": values, "transform": transform, "mean": torch.zeros_like(t["mean"], dtype=torch.float64)}
+
+
 def load_head(
     path: str | os.PathLike, side: str = "left", dtype: torch.dtype = torch.float32, convention: str = "export"
 ) -> OrderedHead:
@@ -295,9 +310,9 @@ def load_head(
     except SafetensorError as error:  # truncated, empty, or not safetensors at all (never unpickled)
         raise ValueError(f"cannot read {file}: {error}") from None
     if convention == "paper":
-        if "paper_transform" not in t:
+        if "paper_eigenvalues" not in t:
             raise ValueError(f"{file} holds no paper-convention tensors (it was exported with trivial=keep)")
-        t = {k.removeprefix("paper_"): v for k, v in t.items() if k.startswith("paper_")}
+        t = _paper_tensors(t, file)
     elif convention != "export":
         raise ValueError(f"convention={convention!r} is unknown; allowed: export, paper")
     if side == "right":

@@ -14,12 +14,15 @@ recomputed from the roots (Gu and Eisenstat: orthogonal to working precision). O
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from eigtrain.export.moments import RRAccumulator
 from eigtrain.export.rayleigh_ritz import RRResult, fix_signs
+from eigtrain.export.whitening import WHITENER_MARGIN, extreme_eigenvalue
 
 EPS = float(np.finfo(np.float64).eps)
 RHO = 1e100  # the rank-one update's weight: 1/RHO vanishes beside the secular function (the restriction's limit)
@@ -40,10 +43,11 @@ def _dlaed4():
     return kind(pointer)
 
 
-def restricted_eigh(poles: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def restricted_eigh(poles: np.ndarray, u: np.ndarray, vectors: bool = True) -> tuple[np.ndarray, Any] | None:
     """(ascending eigenvalues, eigenvectors as columns) of diag(poles) restricted to the complement of u: the
-    len(poles) - 1 roots of the secular equation and their unit vectors (orthogonal to u). None when two poles
-    that u touches lie within rounding of each other (no strict interlacing: the caller solves another way)."""
+    len(poles) - 1 roots of the secular equation and their unit vectors (orthogonal to u; None with
+    vectors=False: O(d) memory). None when two poles that u touches lie within rounding of each other (no strict
+    interlacing: the caller solves another way)."""
     order = np.argsort(poles, kind="stable")
     d_sorted, z = poles[order].astype(np.float64), u[order].astype(np.float64)
     z = z / np.linalg.norm(z)
@@ -53,7 +57,8 @@ def restricted_eigh(poles: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.nd
         return None
     dl, zl = np.ascontiguousarray(d_sorted[live]), z[live] / np.linalg.norm(z[live])
     m = len(dl)
-    roots, delta = np.empty(m - 1), np.empty((m - 1, m))  # delta[j]: D - root_j, accurate near each pole
+    roots = np.empty(m - 1)
+    delta = np.empty((m - 1, m) if vectors else (1, m))  # delta[j]: D - root_j, accurate near each pole
     call, n_c, info = _dlaed4(), ctypes.c_int(m), ctypes.c_int(0)
     rho, lam = ctypes.c_double(RHO), ctypes.c_double(0.0)
     as_p = lambda a: a.ctypes.data_as(ctypes.POINTER(ctypes.c_double))  # noqa: E731
@@ -63,7 +68,9 @@ def restricted_eigh(poles: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.nd
              ctypes.byref(lam), ctypes.byref(info))  # fmt: skip
         if info.value:
             return None
-        roots[j], delta[j] = lam.value, row
+        roots[j], delta[j if vectors else 0] = lam.value, row
+    if not vectors:
+        return np.sort(np.concatenate([roots, d_sorted[~live]]), kind="stable"), None
     # Gu-Eisenstat: z_i^2 = prod_j (root_j - D_i) / prod_{k != i} (D_k - D_i), each root paired with a neighbouring
     # pole (every ratio in (0, 1]: no overflow, and no underflow below z_i^2)
     diff = dl[None, :] - dl[:, None]  # (i, k): D_k - D_i
@@ -87,41 +94,73 @@ def restricted_eigh(poles: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.nd
     return eigenvalues[ascending], back[:, ascending]
 
 
-def raw_span_solve(eigenvalues: torch.Tensor, transform: torch.Tensor, mean: torch.Tensor):
+def raw_span_solve(eigenvalues: torch.Tensor, transform: torch.Tensor, mean: torch.Tensor, vectors: bool = True):
     """(eigenvalues descending, transform) of Rayleigh-Ritz on the raw span {z w}, from a centered generalized solve
-    of full rank (transform d x d, its features (z - mean) transform); None when the poles do not interlace."""
+    of full rank (transform d x d, its features (z - mean) transform); None when the poles do not interlace.
+    vectors=False: (eigenvalues, None), O(d^2) work instead of the d^3 product."""
     d = transform.shape[0]
     if transform.shape[1] != d:
         return None
     v = (transform.T @ mean).numpy()
     poles = np.concatenate([[1.0], eigenvalues.numpy()])
-    solved = restricted_eigh(poles, np.concatenate([[1.0], -v]))
+    solved = restricted_eigh(poles, np.concatenate([[1.0], -v]), vectors)
     if solved is None or solved[0].shape[0] != d:
         return None
     values, y = solved
+    if y is None:
+        return torch.from_numpy(values[::-1].copy()), None
     coefficients = np.ascontiguousarray(y[1:, ::-1])  # psi coordinates, eigenvalues descending
     return torch.from_numpy(values[::-1].copy()), torch.from_numpy(transform.numpy() @ coefficients)
 
 
-def paper_convention(result: RRResult, acc: RRAccumulator, center: bool, ridge: float, rtol: float) -> RRResult | None:
-    """`solve(acc, "generalized", trivial="keep")` from the export's own centered solve `result`, when that solve
-    kept every dimension and the raw Gram is plainly of full rank as well (so the solve from the raw moments
-    would keep every dimension too); None otherwise (the caller solves from the raw moments)."""
+def raw_solve_full_rank(acc: RRAccumulator, transform: torch.Tensor, rtol: float) -> bool:
+    """Whether the solve from the raw moments keeps every dimension, read off the centered solve's full-rank
+    transform T (T^T G_c T = I) without factorizing the raw Gram: that solve equilibrates G = G_c + mean mean^T by
+    S = diag(G)^-1/2 and whitens through a Cholesky factor when the smallest eigenvalue of S G S is WHITENER_MARGIN
+    above rtol * its largest. S G S >= S G_c S, whose smallest eigenvalue is 1 / ||S^-1 T||_2^2: both ends by
+    Lanczos (d^2 a product), with the whitener's own margin."""
+    raw = acc.view_moments(False)[0]
+    diag = torch.diagonal(raw)
+    if not bool((diag > torch.finfo(torch.float64).tiny).all()):
+        return False
+    scale = diag.rsqrt()
+    unscaled = transform / scale[:, None]  # S^-1 T
+    d = len(diag)
+    if d <= 2:
+        return False  # (the raw solve itself is as cheap)
+    norm2 = extreme_eigenvalue(lambda x: unscaled @ (unscaled.T @ x), d, raw.device)
+    largest = extreme_eigenvalue(lambda x: scale[:, None] * (raw @ (scale[:, None] * x)), d, raw.device)
+    return 1 / norm2 > WHITENER_MARGIN * rtol * largest
+
+
+@dataclass
+class DerivedPaper:
+    """The paper's convention where it is a function of the export itself (its eigenvalues, transform and mean,
+    the centered solve of full rank): its eigenvalues now, its features when asked (`paper_from_export`). The d^3
+    product T Y and a second d x d tensor in the file are then spent only by eval's RR (paper) row."""
+
+    eigenvalues: torch.Tensor
+
+
+def paper_from_export(eigenvalues: torch.Tensor, transform: torch.Tensor, mean: torch.Tensor):
+    """(eigenvalues, transform) of the paper's convention from an export whose paper row was `DerivedPaper`."""
+    solved = raw_span_solve(eigenvalues.double(), transform.double(), mean.double())
+    if solved is None:
+        raise ValueError("the export's paper convention cannot be derived from it (its poles do not interlace)")
+    values, raw_transform = solved
+    fix_signs(raw_transform)
+    return values, raw_transform
+
+
+def paper_convention(result: RRResult, acc: RRAccumulator, center: bool, ridge: float, rtol: float):
+    """`solve(acc, "generalized", trivial="keep")` read off the export's own centered solve `result`, when that
+    solve kept every dimension and the raw solve would too (`raw_solve_full_rank`): a `DerivedPaper` (its
+    eigenvalues); None otherwise (the caller solves from the raw moments)."""
     if result.mode != "generalized" or center or ridge != 0 or result.trivial is None:
         return None
     transform, mean = result.transform, result.mean
     d = transform.shape[0]
-    # the raw Gram's smallest eigenvalue is at least the centered one's, 1 / ||T||_2^2 >= 1 / ||T||_F^2; its largest at
-    # most trace(G_c) + |mean|^2: the range test of `solve` (eigenvalues > rtol * the largest) keeps all of them
-    trace = float((torch.diagonal(acc.c_ff) + torch.diagonal(acc.c_gg)).sum()) / (2 * acc.n)
-    trace += float(((acc.mean_f - mean).square().sum() + (acc.mean_g - mean).square().sum()) / 2)
-    if transform.shape[1] != d or not 1 / float(transform.square().sum()) > rtol * (trace + float(mean @ mean)):
+    if transform.shape[1] != d or not raw_solve_full_rank(acc, transform, rtol):
         return None
-    solved = raw_span_solve(result.eigenvalues, transform, mean)
-    if solved is None:
-        return None
-    values, raw_transform = solved
-    fix_signs(raw_transform)
-    paper = RRResult(values, raw_transform, torch.zeros_like(mean), "generalized", acc.n)
-    paper.dims = {"dim": d, "dead": 0, "constant": 0, "dependent": 0, "features": d}
-    return paper
+    solved = raw_span_solve(result.eigenvalues, transform, mean, vectors=False)
+    return None if solved is None else DerivedPaper(solved[0])

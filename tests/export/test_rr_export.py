@@ -41,10 +41,11 @@ def test_embeddings_mode_matches_scipy_generalized_eigh_and_round_trips(tmp_path
         "mean",
         "trivial_eigenvalue",
         "trivial_transform",
-        "paper_eigenvalues",
-        "paper_transform",
-        "paper_mean",
+        "paper_eigenvalues",  # the paper's features: a function of the export's own tensors (raw_span.DerivedPaper)
     }
+    paper = load_head(out, dtype=torch.float64, convention="paper")
+    tensors.update(paper_eigenvalues=paper.eigenvalues, paper_transform=paper.transform)
+    assert not paper.mean.any()
     pooled = (z1.mean(0) + z2.mean(0)) / 2  # default: the constant mode excluded, i.e. RR on centered moments
     for prefix, (lam, vecs) in (("", scipy_rr(z1 - pooled, z2 - pooled)), ("paper_", scipy_rr(z1, z2))):
         np.testing.assert_allclose(tensors[prefix + "eigenvalues"].numpy(), lam, rtol=1e-10, atol=1e-12)
@@ -276,3 +277,17 @@ def test_an_export_that_appears_meanwhile_is_never_replaced_without_overwrite(tm
     assert "was filled by another writer" in capsys.readouterr().err
     assert (out / "rr.safetensors").read_bytes() == (other / "rr.safetensors").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["emb.npz", "other", "rr"]  # no staging left
+
+
+def test_the_paper_convention_is_the_same_whether_derived_or_stored(tmp_path):
+    """Default exports store only the paper convention's eigenvalues (its features follow from the export's
+    tensors); ties=variance rotates the export's features, so its export stores them: both give one answer."""
+    path, _, _ = _embeddings(tmp_path, n=400, d=24)  # 400 pairs: ties the data do not order
+    for ties in ("eigenvalue", "variance"):
+        assert rr_main([f"embeddings={path}", f"out={tmp_path / ties}", f"ties={ties}"]) == 0
+    derived, stored = (load_file(str(tmp_path / ties / "rr.safetensors")) for ties in ("eigenvalue", "variance"))
+    assert "paper_transform" not in derived and "paper_transform" in stored
+    assert not torch.equal(derived["transform"], stored["transform"])  # variance order moved features
+    a, b = (load_head(tmp_path / ties, dtype=torch.float64, convention="paper") for ties in ("eigenvalue", "variance"))
+    torch.testing.assert_close(a.eigenvalues, b.eigenvalues, rtol=0, atol=1e-12)
+    torch.testing.assert_close(a.transform, b.transform, rtol=0, atol=1e-9)

@@ -15,6 +15,7 @@ from torch import nn
 from eigtrain.export.command import main as rr_main
 from eigtrain.export.command import parse_args
 from eigtrain.export.external_encoder import EncoderSpecError, build_external_encoder
+from eigtrain.export.files import load_head
 from eigtrain.export.rayleigh_ritz import solve
 from tests.support.ordering import assert_descending_outside_ties
 
@@ -98,7 +99,7 @@ def test_timm_model_on_foreign_shards_same_whatever_the_ranks_workers_and_batche
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    one, two = (load_file(str(tmp_path / d / "rr.safetensors")) for d in ("one", "two"))
+    one, two = (_with_paper(tmp_path / d) for d in ("one", "two"))
     # float64 sums merged in another order: equal up to rounding. Eigenvectors of near-equal eigenvalues (480 images
     # order none of these 64 cuts) rotate with rounding, so the solves are compared where they are continuous in the
     # moments: the eigenvalues, and T T^T = G^-1 and T diag(lambda) T^T = G^-1 K G^-1 in the embedding's coordinates.
@@ -110,6 +111,18 @@ def test_timm_model_on_foreign_shards_same_whatever_the_ranks_workers_and_batche
             torch.testing.assert_close(b, a, rtol=0, atol=1e-8 * a.abs().max().item(), msg=prefix + "transform")
         torch.testing.assert_close(two[prefix + "mean"], one[prefix + "mean"], rtol=0, atol=1e-12)
     assert json.loads((tmp_path / "two" / "manifest.json").read_text())["n"] == N
+
+
+def _with_paper(out):
+    """The export's tensors with the paper convention's features (derived from them on load)."""
+    tensors = load_file(str(out / "rr.safetensors"))
+    paper = load_head(out, dtype=torch.float64, convention="paper")
+    return {
+        **tensors,
+        "paper_eigenvalues": paper.eigenvalues,
+        "paper_transform": paper.transform,
+        "paper_mean": paper.mean,
+    }
 
 
 # -- user factories -----------------------------------------------------------------------------------------
