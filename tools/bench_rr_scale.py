@@ -5,8 +5,8 @@ generalized eigendecomposition computed in memory with numpy/scipy, side by side
 
 For each d: writes n pairs (z1, z2 float32, a known two-view model) to a temporary .npy pair, then times (in
 alternation, `--repeats` times) the command in a fresh process (its peak resident memory from the kernel) and the
-tight reference (`reference`, issue 54): float64 blocks of rows, a = z1 + z2 and b = z1 - z2, two rank-k updates,
-one scipy.linalg.eigh (the looser reference before it formed z1'z1, z2'z2 and z1'z2 after full float64 copies).
+tight reference (`reference`, issue 54), also in a fresh process (records before 2c070ad ran it in this one):
+float64 blocks of rows, a = z1 + z2 and b = z1 - z2, two rank-k updates, one scipy.linalg.eigh (the looser reference before it formed z1'z1, z2'z2 and z1'z2 after full float64 copies).
 Prints JSON: seconds (the best of the repeats, and each), the ratio of the bests command / reference (the issue's
 bar: <= 1.3 at d = 2048), the command's peak resident memory in GiB. --out appends one record (the commit, the
 command line, the load average before and after, the rows) to the JSON list in FILE.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -69,20 +68,31 @@ def reference(directory: Path, block: int = 8192, check: bool = False):
     return (seconds, values) if check else seconds
 
 
+def child(args: list[str]) -> tuple[float, float]:
+    """(seconds, peak resident GiB) of one fresh process, timed from outside; its own peak (wait4's rusage)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(err[-2000:])
+    return seconds, usage.ru_maxrss / 2**20
+
+
+def fresh_reference(directory: Path) -> float:
+    """Seconds of `reference` in a fresh process, timed from outside as the command is (its interpreter, numpy and
+    scipy imports included: like for like)."""
+    code = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_rr_scale as b; "
+    code += f"from pathlib import Path; b.reference(Path({str(directory)!r}))"
+    return child([sys.executable, "-c", code])[0]
+
+
 def command(directory: Path, out: Path) -> tuple[float, float]:
     """(seconds, peak GiB of the child) of eigtrain-rr with its defaults."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "eigtrain.export.command", f"embeddings={directory}", f"out={out}"],
-        capture_output=True,
-        text=True,
-    )
-    seconds = time.perf_counter() - start
-    if proc.returncode:
-        raise SystemExit(proc.stderr[-2000:])
-    peak = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    return seconds, peak / 2**20
+    return child([sys.executable, "-m", "eigtrain.export.command", f"embeddings={directory}", f"out={out}"])
 
 
 def main() -> None:
@@ -115,7 +125,7 @@ def main() -> None:
                     ),
                     flush=True,
                 )
-                theirs.append(reference(data))
+                theirs.append(fresh_reference(data))
             row = {
                 "d": d,
                 "n": args.n,

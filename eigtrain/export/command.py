@@ -4,6 +4,7 @@ configuration are eigtrain.export.rr_config (checked before this module, and tor
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 from eigtrain import dist as edist
 from eigtrain.cli import asks_for_help, one_line_errors
 from eigtrain.export import embedding_files
-from eigtrain.export.files import claimed_target, rr_manifest, save_export
+from eigtrain.export.files import claimed_target, rr_manifest, save_export, warm_plot_imports
 from eigtrain.export.moments import RRAccumulator
 from eigtrain.export.prefixes import cut_errors, cuts_report, order_ties, tie_groups, undetermined_cuts
 from eigtrain.export.raw_span import paper_convention, paper_from_export
@@ -133,6 +134,8 @@ def _reduce(cfg: RRJobConfig, env, device: torch.device, pairs: bool) -> tuple:
 
 
 def _solve_and_save(cfg: RRJobConfig, env, device: torch.device) -> dict:
+    if env.rank == 0:  # the decay plot's imports load while the moments' BLAS runs (1-1.5 s of a short pass)
+        threading.Thread(target=warm_plot_imports, daemon=True).start()
     acc, expected, source, out = _reduce(cfg, env, device, pairs=cfg.mode == "svd")
     acc.all_reduce()
     if acc.n != expected:
@@ -180,6 +183,8 @@ def _solve_and_save(cfg: RRJobConfig, env, device: torch.device) -> dict:
 
 def spectrum_to_wandb(source: dict, eigenvalues: list[float]) -> None:
     """The spectrum in the run's wandb run (eigtrain.export.rr_wandb); a failure there loses nothing: one line."""
+    if source.get("kind") != "checkpoint":  # only a run has a wandb run (and its readers cost 1.8 s to import)
+        return
     from eigtrain.export.rr_wandb import log_rr_spectrum
 
     try:

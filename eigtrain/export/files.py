@@ -221,6 +221,14 @@ def _floats(values) -> list[float] | None:
     return None if values is None else [float(v) for v in values]
 
 
+def warm_plot_imports() -> None:
+    """Import what `plot_decay` needs and load matplotlib's font cache (a background thread's work)."""
+    from matplotlib import font_manager
+    from matplotlib.backends import backend_agg  # noqa: F401
+
+    font_manager.findfont("DejaVu Sans")
+
+
 def plot_decay(eigenvalues: torch.Tensor, path: str | os.PathLike, title: str = "") -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # no pyplot: no backend or figure manager to load
     from matplotlib.figure import Figure
