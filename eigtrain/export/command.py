@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -112,13 +113,12 @@ def run(cfg: RRJobConfig) -> dict:
 def _reduce(cfg: RRJobConfig, env, device: torch.device, pairs: bool) -> tuple:
     """The moments of cfg's source: (accumulator, the sample count expected, the source's description, out)."""
     if cfg.embeddings:
-        acc, expected = reduce_embeddings(cfg.embeddings, pairs, env.rank, env.world_size, folds=cfg.folds)
         path = Path(cfg.embeddings)
-        source: dict[str, Any] = {
-            "kind": "embeddings",
-            "path": str(path.resolve()),
-            "sha256": (files_sha256(path) if path.is_dir() else file_sha256(path)) if env.rank == 0 else None,
-        }
+        with ThreadPoolExecutor(1) as pool:  # the files' hash beside the moments' BLAS (hashlib frees the GIL)
+            digest = pool.submit(files_sha256 if path.is_dir() else file_sha256, path) if env.rank == 0 else None
+            acc, expected = reduce_embeddings(cfg.embeddings, pairs, env.rank, env.world_size, folds=cfg.folds)
+            sha256 = None if digest is None else digest.result()
+        source: dict[str, Any] = {"kind": "embeddings", "path": str(path.resolve()), "sha256": sha256}
         assert cfg.out is not None  # RRJobConfig requires out= with embeddings= and encoder=
         return acc, expected, source, Path(cfg.out)
     if cfg.encoder.name:

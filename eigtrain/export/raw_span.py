@@ -22,7 +22,7 @@ import torch
 
 from eigtrain.export.moments import RRAccumulator
 from eigtrain.export.rayleigh_ritz import RRResult, fix_signs
-from eigtrain.export.whitening import WHITENER_MARGIN, extreme_eigenvalue
+from eigtrain.export.whitening import WHITENER_MARGIN, cholesky_whitener
 
 EPS = float(np.finfo(np.float64).eps)
 RHO = 1e100  # the rank-one update's weight: 1/RHO vanishes beside the secular function (the restriction's limit)
@@ -113,24 +113,30 @@ def raw_span_solve(eigenvalues: torch.Tensor, transform: torch.Tensor, mean: tor
     return torch.from_numpy(values[::-1].copy()), torch.from_numpy(transform.numpy() @ coefficients)
 
 
-def raw_solve_full_rank(acc: RRAccumulator, transform: torch.Tensor, rtol: float) -> bool:
-    """Whether the solve from the raw moments keeps every dimension, read off the centered solve's full-rank
-    transform T (T^T G_c T = I) without factorizing the raw Gram: that solve equilibrates G = G_c + mean mean^T by
-    S = diag(G)^-1/2 and whitens through a Cholesky factor when the smallest eigenvalue of S G S is WHITENER_MARGIN
-    above rtol * its largest. S G S >= S G_c S, whose smallest eigenvalue is 1 / ||S^-1 T||_2^2: both ends by
-    Lanczos (d^2 a product), with the whitener's own margin."""
+def raw_solve_full_rank(acc: RRAccumulator, result: RRResult, rtol: float) -> bool:
+    """Whether the solve from the raw moments keeps every dimension through its Cholesky whitener, decided without
+    its eigendecomposition. That solve equilibrates G = G_c + m m^T by S = diag(G)^-1/2 and takes the whitener when
+    S G S's smallest eigenvalue is WHITENER_MARGIN above rtol * its largest. The centered solve's own ends
+    (extra["gram_ends"]: of S_c G_c S_c, S_c = diag(G_c)^-1/2) bound both at no cost: with D = S / S_c <= 1,
+    lambda_min(S G S) >= lambda_min(S_c G_c S_c) min(D)^2 and lambda_max(S G S) <= lambda_max(S_c G_c S_c) + |S m|^2.
+    Where that is not enough (a coordinate's mean large against its spread), the raw solve's own test:
+    `cholesky_whitener` on S G S (a d^3 / 3 factorization, no eigendecomposition)."""
+    mean = result.mean
+    ends = result.extra.get("gram_ends")
+    if ends is not None:
+        centered_diag = ends["scale"].square().reciprocal()
+        raw_diag = centered_diag + mean.square()
+        shrink = centered_diag / raw_diag  # D^2
+        smallest = ends["smallest"] * float(shrink.min())
+        largest = ends["largest"] + float((mean.square() / raw_diag).sum())
+        if smallest > WHITENER_MARGIN * rtol * largest:
+            return True
     raw = acc.view_moments(False)[0]
     diag = torch.diagonal(raw)
     if not bool((diag > torch.finfo(torch.float64).tiny).all()):
         return False
     scale = diag.rsqrt()
-    unscaled = transform / scale[:, None]  # S^-1 T
-    d = len(diag)
-    if d <= 2:
-        return False  # (the raw solve itself is as cheap)
-    norm2 = extreme_eigenvalue(lambda x: unscaled @ (unscaled.T @ x), d, raw.device)
-    largest = extreme_eigenvalue(lambda x: scale[:, None] * (raw @ (scale[:, None] * x)), d, raw.device)
-    return 1 / norm2 > WHITENER_MARGIN * rtol * largest
+    return cholesky_whitener(raw.mul_(scale[:, None]).mul_(scale[None, :]), 0.0, rtol, acc.n) is not None
 
 
 @dataclass
@@ -160,7 +166,7 @@ def paper_convention(result: RRResult, acc: RRAccumulator, center: bool, ridge: 
         return None
     transform, mean = result.transform, result.mean
     d = transform.shape[0]
-    if transform.shape[1] != d or not raw_solve_full_rank(acc, transform, rtol):
+    if transform.shape[1] != d or not raw_solve_full_rank(acc, result, rtol):
         return None
     solved = raw_span_solve(result.eigenvalues, transform, mean, vectors=False)
     return None if solved is None else DerivedPaper(solved[0])

@@ -194,6 +194,18 @@ def _solve_svd(acc, gff, ggg, kfg, mf, mg, raw_f, raw_g, ridge: float, rtol: flo
     return result
 
 
+def _check_solve(acc: RRAccumulator, mode: str, trivial: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"rr mode={mode!r} is unknown; allowed: {', '.join(MODES)}")
+    if trivial not in TRIVIAL:
+        raise ValueError(f"rr trivial={trivial!r} is unknown; allowed: {', '.join(TRIVIAL)}")
+    if (mode == "svd") != acc.pairs:
+        raise ValueError(
+            f"rr mode={mode!r} does not fit this data: use 'svd' for two encoders (pairs) and one of "
+            f"{', '.join(m for m in MODES if m != 'svd')} for one encoder on two views"
+        )
+
+
 def solve(
     acc: RRAccumulator,
     mode: str = "generalized",
@@ -205,15 +217,7 @@ def solve(
     """Solve the Rayleigh-Ritz problem from accumulated moments (see the module docstring); rtol: the range cut
     (None: `default_rtol`)."""
     rtol = default_rtol(acc, mode) if rtol is None else rtol
-    if mode not in MODES:
-        raise ValueError(f"rr mode={mode!r} is unknown; allowed: {', '.join(MODES)}")
-    if trivial not in TRIVIAL:
-        raise ValueError(f"rr trivial={trivial!r} is unknown; allowed: {', '.join(TRIVIAL)}")
-    if (mode == "svd") != acc.pairs:
-        raise ValueError(
-            f"rr mode={mode!r} does not fit this data: use 'svd' for two encoders (pairs) and one of "
-            f"{', '.join(m for m in MODES if m != 'svd')} for one encoder on two views"
-        )
+    _check_solve(acc, mode, trivial)
     exclude = trivial == "exclude"
     center = centered(mode, center, trivial)
     if mode == "svd":
@@ -228,14 +232,19 @@ def solve(
     dead = None
     if mode == "generalized" and ridge == 0:  # the exact solve on unit-variance coordinates: no cut depends on scales
         dead, scale = _equilibrator(gram, raw, rtol)
-        gram, cross, raw = (scale[:, None] * m * scale[None, :] for m in (gram, cross, raw))
+        same = raw is gram  # view_moments' tensors are this call's own: scaled in place (3 d x d copies spared)
+        gram, cross = (m.mul_(scale[:, None]).mul_(scale[None, :]) for m in (gram, cross))
+        raw = gram if same else raw.mul_(scale[:, None]).mul_(scale[None, :])
         pooled_scaled = pooled * scale
     else:
         scale, pooled_scaled = None, pooled
-    whitener = cholesky_whitener(gram, ridge, rtol, acc.n) if mode == "generalized" else None
+    ends = cholesky_whitener(gram, ridge, rtol, acc.n) if mode == "generalized" else None
+    whitener = None if ends is None else ends.factor
     if whitener is None:
         evals, evecs = _range(gram, ridge, rtol, "the embedding", acc.n)
     extra: dict = {}
+    if ends is not None and scale is not None:  # raw_span reads the raw solve's rank off them
+        extra["gram_ends"] = {"smallest": ends.smallest, "largest": ends.largest, "scale": scale}
     if mode == "generalized" and whitener is not None:  # the exact solve, the Gram of full rank: W = L^-T
         values, y = descending_eigh(whitened(cross, whitener))
         transform = unwhitened(whitener, y)

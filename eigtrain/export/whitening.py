@@ -5,6 +5,8 @@ d = 2,048 beside scipy's 0.04 s in the same loaded process; tools/bench_rr_scale
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 F64 = torch.float64
@@ -49,7 +51,13 @@ def extreme_eigenvalue(matvec, d: int, device, seed: int = 0) -> float:
     return float(value)
 
 
-def cholesky_whitener(gram: torch.Tensor, ridge: float, rtol: float, n: int) -> torch.Tensor | None:
+class Whitener(NamedTuple):
+    factor: torch.Tensor  # the lower Cholesky factor L of the (ridged) Gram
+    smallest: float  # its smallest eigenvalue (Lanczos on G^-1: from above, converged)
+    largest: float  # its largest (Lanczos on G: from below, converged)
+
+
+def cholesky_whitener(gram: torch.Tensor, ridge: float, rtol: float, n: int) -> Whitener | None:
     """The (ridged) Gram's Cholesky factor L (G = L L^T: W = L^-T whitens, W^T G W = I), when the Gram is plainly of
     full rank: the same generalized solve as whitening on the range, for a third of the cost of an
     eigendecomposition, and W is never formed (`whitened`, `unwhitened`: LAPACK's sygst, a triangular solve). None
@@ -70,7 +78,7 @@ def cholesky_whitener(gram: torch.Tensor, ridge: float, rtol: float, n: int) -> 
         largest = extreme_eigenvalue(lambda x: g @ x, d, g.device)
     if not smallest > WHITENER_MARGIN * rtol * largest:
         return None
-    return factor
+    return Whitener(factor, smallest, largest)
 
 
 def whitened(cross: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:

@@ -129,3 +129,26 @@ def test_the_whitener_decides_on_converged_ends_of_the_spectrum():
         gram = torch.from_numpy((basis * values) @ basis.T)
         assert extreme_eigenvalue(lambda x: gram @ x, d, gram.device) == pytest.approx(100.0, rel=1e-6)
         assert (cholesky_whitener(gram, 0.0, 1e-9, 10_000) is not None) is expected
+
+
+def test_the_raw_solves_rank_is_read_off_the_centered_solves_ends(monkeypatch):
+    """Where the means are moderate the centered solve's own Lanczos ends decide (no product with the raw Gram);
+    a coordinate whose mean is 100 times its spread loosens that bound 1e4-fold, and the raw solve's own whitener
+    test decides (the raw Gram itself stays well conditioned: the mean's rank-one part restores that direction)."""
+    import eigtrain.export.raw_span as raw_span
+
+    acc = _mixed_pairs(40, 3000, 1e2)
+    centered = solve(acc, trivial="exclude")
+    assert "gram_ends" in centered.extra
+    calls = []
+    real = raw_span.cholesky_whitener
+    monkeypatch.setattr(raw_span, "cholesky_whitener", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert raw_span.raw_solve_full_rank(acc, centered, rtol=1e-8) and calls == []
+    far = _mixed_pairs(40, 3000, 1e2)
+    shift = torch.zeros(40, dtype=torch.float64)
+    shift[7] = 100 * float(far.view_moments(True)[0][7, 7]) ** 0.5
+    far.mean_f, far.mean_g = far.mean_f + shift, far.mean_g + shift  # the same centered moments, one mean far out
+    centered = solve(far, trivial="exclude")
+    assert raw_span.raw_solve_full_rank(far, centered, rtol=1e-8) and len(calls) == 1  # the raw whitener's test
+    raw = solve(far, trivial="keep", rtol=1e-8)
+    assert raw.transform.shape == (40, 40)  # the raw solve keeps every dimension indeed
