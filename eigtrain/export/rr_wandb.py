@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from eigtrain.redact import redacted_argv
 from eigtrain.runs.saved_config import load_saved_config
+from eigtrain.schema import LoggingConfig, typed
 
 SUMMARY_EIGENVALUES = 64  # rr/eigenvalue/NNN in the summary; the whole spectrum is in the curve and the manifest
 
@@ -33,8 +34,9 @@ def log_rr_spectrum(source: dict[str, Any], eigenvalues: Sequence[float]) -> boo
         return False
     run_dir = Path(source["run_dir"])
     id_file = run_dir / "wandb_id"
-    wandb_cfg = load_saved_config(run_dir / "config.yaml").get("logging", {}).get("wandb", {})
-    mode = wandb_cfg.get("mode", "offline")
+    saved = load_saved_config(run_dir / "config.yaml")
+    wandb_cfg = typed(LoggingConfig, saved.logging if "logging" in saved else {}).wandb  # the schema's defaults
+    mode = wandb_cfg.mode
     if mode == "disabled" or not id_file.is_file() or id_file.is_symlink():
         return False
     try:
@@ -44,9 +46,9 @@ def log_rr_spectrum(source: dict[str, Any], eigenvalues: Sequence[float]) -> boo
         return False
     run_id = id_file.read_text()[:64].strip()
     with redacted_argv():  # wandb records the command line: never with credentials
-        run = wandb.init(
-            project=wandb_cfg.get("project", "eigtrain"),
-            entity=wandb_cfg.get("entity"),
+        run = cast(Any, wandb).init(  # mode: the schema's str (offline | online | disabled)
+            project=wandb_cfg.project,
+            entity=wandb_cfg.entity,
             id=run_id,
             resume="allow",
             mode=mode,
