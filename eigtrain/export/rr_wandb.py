@@ -6,12 +6,11 @@ during training, in the encoder's coordinate order (docs/configs.md)."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
-from typing import Any, Sequence, cast
+from typing import Any, Sequence
 
-from eigtrain.redact import redacted_argv
 from eigtrain.runs.saved_config import load_saved_config
+from eigtrain.runs.wandb_run import import_wandb, open_run
 from eigtrain.schema import LoggingConfig, typed
 
 SUMMARY_EIGENVALUES = 64  # rr/eigenvalue/NNN in the summary; the whole spectrum is in the curve and the manifest
@@ -39,21 +38,10 @@ def log_rr_spectrum(source: dict[str, Any], eigenvalues: Sequence[float]) -> boo
     mode = wandb_cfg.mode
     if mode == "disabled" or not id_file.is_file() or id_file.is_symlink():
         return False
-    try:
-        import wandb
-    except ImportError:
-        logging.getLogger(__name__).warning("the run logs to wandb but wandb is not installed: spectrum not logged")
+    wandb = import_wandb(mode, "the Rayleigh-Ritz spectrum is not logged")
+    if wandb is None:
         return False
-    run_id = id_file.read_text()[:64].strip()
-    with redacted_argv():  # wandb records the command line: never with credentials
-        run = cast(Any, wandb).init(  # mode: the schema's str (offline | online | disabled)
-            project=wandb_cfg.project,
-            entity=wandb_cfg.entity,
-            id=run_id,
-            resume="allow",
-            mode=mode,
-            dir=str(run_dir),
-        )
+    run = open_run(wandb, wandb_cfg, id_file.read_text()[:64].strip(), run_dir)
     logged, summary = spectrum_record(wandb, eigenvalues, source.get("step"))
     run.log(logged)
     run.summary.update(summary)

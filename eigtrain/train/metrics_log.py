@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import math
 import subprocess
 import sys
@@ -19,9 +18,9 @@ from typing import Any, Iterator, Mapping
 import torch
 
 from eigtrain import safe_files
-from eigtrain.redact import redact_config, redacted_argv
 from eigtrain.runs.checkpoint import MODEL_INFO_NAME
 from eigtrain.runs.checkpoint_verify import record_file
+from eigtrain.runs.wandb_run import import_wandb, open_run
 from eigtrain.schema import WandbConfig
 
 WANDB_MODES = ("offline", "online", "disabled")
@@ -56,20 +55,6 @@ def _logged_step(path: Path, line: str) -> int:
         raise ValueError(f"{path} holds a line that is not a logged step ({line[:60]!r}): not eigtrain's log") from None
 
 
-def _import_wandb(mode: str, path: Path):
-    """The wandb module, or None when disabled or not installed (the offline GPU machine has none: warn once)."""
-    if mode == "disabled":
-        return None
-    try:
-        import wandb
-    except ImportError:
-        logging.getLogger(__name__).warning(
-            "logging.wandb.mode=%s but wandb is not installed: logging to %s only", mode, path
-        )
-        return None
-    return wandb
-
-
 class MetricsLog:
     """One JSON object per logged step in ``run_dir/metrics.jsonl`` (+ wandb when enabled)."""
 
@@ -89,18 +74,9 @@ class MetricsLog:
         mode = wandb_cfg.mode
         if mode not in WANDB_MODES:
             raise ValueError(f"logging.wandb.mode={mode!r} is not known; allowed: {', '.join(WANDB_MODES)}")
-        wandb = _import_wandb(mode, self.path)
+        wandb = import_wandb(mode, f"logging to {self.path} only")
         if wandb is not None:
-            with redacted_argv():  # wandb records the command line and the config: neither with credentials
-                self._wandb = wandb.init(
-                    project=wandb_cfg.project,
-                    entity=wandb_cfg.entity,
-                    id=run_id,
-                    resume="allow",
-                    mode=mode,
-                    dir=str(run_dir),
-                    config=redact_config(config),
-                )
+            self._wandb = open_run(wandb, wandb_cfg, run_id, run_dir, config)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
