@@ -35,6 +35,7 @@ import fashion_mnist_data as fmd  # noqa: E402
 from eigtrain.evaluate.command import EvalConfig, evaluate  # noqa: E402
 from eigtrain.evaluate.probes import pca_features, probe_accuracy  # noqa: E402
 from eigtrain.export.command import main as rr_main  # noqa: E402
+from eigtrain.runs.checkpoint import load_encoder  # noqa: E402
 from eigtrain.train.command import compose_config, run  # noqa: E402
 from eigtrain.train.knn import knn_accuracy  # noqa: E402
 
@@ -118,7 +119,38 @@ def eigtrain_cell(args, seed: int, cell: str, tmp: Path) -> dict:
     report, _ = evaluate(EvalConfig(run_dir=str(main), ff_run_dirs=ffs, out=str(main / "eval"), **EVAL))
     manifest = json.loads((main / "rr" / "manifest.json").read_text())
     report["samples_per_s"] = rate
+    cfg = cell_config(args, cell)  # like for like with the peers' rows: the backbone's features, their protocol
+    normalization = (cfg.data.mean, cfg.data.std)
+    report["backbone"] = backbone_scores(load_encoder(main).backbone, args, torch.device("cpu"), normalization)
+    report["untrained"] = untrained_scores(cfg, seed, args, normalization)
     return {"report": report, "eigenvalues": {"eigenvalues": manifest["spectrum"], "steps": args.steps}}
+
+
+class _Normalized(torch.nn.Module):
+    """An encoder's l2-normalized output: the space SCL's export spans (the probe whitens: its basis is moot)."""
+
+    def __init__(self, encoder: torch.nn.Module):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.normalize(self.encoder(x), dim=1)
+
+
+def untrained_scores(cfg, seed: int, args, normalization) -> dict:
+    """The control: the recipe's encoder as initialized (seed), never trained; its backbone and its normalized output
+    scored as the trained ones are. What training adds is the difference."""
+    from eigtrain.models import build_encoder
+    from eigtrain.schema import ModelConfig
+    from eigtrain.schema.check import typed
+
+    torch.manual_seed(seed)
+    encoder = build_encoder(typed(ModelConfig, cfg.model), cfg.dim, (1, 28, 28)).eval()
+    cpu = torch.device("cpu")
+    return {
+        "backbone": backbone_scores(encoder.backbone, args, cpu, normalization),
+        "output": backbone_scores(_Normalized(encoder), args, cpu, normalization),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- lightly
@@ -191,18 +223,21 @@ def lightly_cell(args, seed: int, peer: str) -> dict:
             if step == cfg.steps:
                 break
     rate = cfg.steps * cfg.batch_size / (time.perf_counter() - start)
-    return {"samples_per_s": rate, "final_loss": float(loss), **peer_scores(backbone, args, device)}
+    return {"samples_per_s": rate, "final_loss": float(loss), **backbone_scores(backbone, args, device)}
+
+
+LIGHTLY_NORMALIZATION = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])  # lightly's transforms' (RGB)
 
 
 @torch.no_grad()
-def peer_scores(backbone, args, device) -> dict:
-    """Probe and 20-NN on the backbone's features (lightly's protocol), and PCA of them at small k."""
+def backbone_scores(backbone, args, device, normalization=LIGHTLY_NORMALIZATION) -> dict:
+    """Probe and 20-NN on the backbone's features (lightly's protocol), and PCA of them at small k; the images
+    normalized as the backbone was trained (lightly: RGB, its constants; eigtrain: one channel, the recipe's)."""
     backbone.eval()
-    mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1)  # lightly's transforms' normalization
-    std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1)
+    mean, std = (torch.tensor(v, device=device).view(1, -1, 1, 1) for v in normalization)
     feats = {}
     for split, (x, y) in pixels(source(args)).items():
-        images = x.view(-1, 1, 28, 28).expand(-1, 3, -1, -1)
+        images = x.view(-1, 1, 28, 28).expand(-1, mean.shape[1], -1, -1)
         feats[split] = (torch.cat([backbone((b.to(device) - mean) / std).cpu() for b in images.split(1000)]), y)
     (tz, ty), (vz, vy) = feats["train"], feats["val"]
     if not all(bool(torch.isfinite(z).all()) for z in (tz, vz)):  # the training diverged: nothing to probe
@@ -254,6 +289,16 @@ def report_lines(results: dict, args, stem: Path) -> list[str]:
             f" | {claims_table.fmt([r['knn']['rr'] for r in reps])} | "
             f"{np.mean([r['samples_per_s'] for r in reps]):.0f} |"
         )
+        named = {"backbone, as lightly's rows": lambda r: r["backbone"]}  # like for like: the layer lightly probes
+        named |= {  # the control: what the same encoder gives before any training
+            "untrained, its normalized output": lambda r: r["untrained"]["output"],
+            "untrained, its backbone": lambda r: r["untrained"]["backbone"],
+        }
+        for what, pick in named.items():
+            if all("untrained" in r for r in reps):
+                rows = [pick(r) for r in reps]
+                probes, knns = (claims_table.fmt([row[key] for row in rows]) for key in ("probe", "knn"))
+                lines.append(f"| eigtrain {objective} ({what}) | {rows[0]['dim']} | {probes} | {knns} | – |")
     for peer, cells in results["lightly"].items():
         cs = [c for c in cells.values() if "diverged" not in c]  # a diverged seed is said, never averaged in
         gone = [f"seed {s}: {c['diverged']}" for s, c in cells.items() if "diverged" in c]
@@ -274,6 +319,13 @@ def report_lines(results: dict, args, stem: Path) -> list[str]:
                 )
                 + " |"
             )
+            backbones = [c["report"]["backbone"] for c in cells.values() if "pca" in c["report"].get("backbone", {})]
+            if backbones:
+                lines.append(
+                    f"| eigtrain {objective}, PCA of its backbone | "
+                    + " | ".join(claims_table.fmt([b["pca"][str(k)] for b in backbones]) for k in PEER_K)
+                    + " |"
+                )
         for peer, cells in results["lightly"].items():
             lines.append(
                 f"| lightly {peer}, PCA | "

@@ -28,9 +28,10 @@ TIMM_PREFIX = "timm:"  # model.backbone=timm:NAME: any timm model, with model.ti
 
 
 class TinyCNN(nn.Module):
-    """Three conv blocks and global average pooling: trains in seconds on CPU (digits, 8x8)."""
+    """Three conv blocks and average pooling to a pool x pool grid (1: global): trains in seconds on CPU (digits,
+    8x8). A grid keeps where a feature is, which a global pool discards."""
 
-    def __init__(self, in_chans: int, width: int = 32):
+    def __init__(self, in_chans: int, width: int = 32, pool: int = 1):
         super().__init__()
 
         def block(c_in: int, c_out: int, stride: int) -> list[nn.Module]:
@@ -40,10 +41,10 @@ class TinyCNN(nn.Module):
             *block(in_chans, width, 1),
             *block(width, 2 * width, 2),
             *block(2 * width, 2 * width, 1),
-            nn.AdaptiveAvgPool2d(1),
+            nn.AdaptiveAvgPool2d(pool),
             nn.Flatten(),
         )
-        self.num_features = 2 * width
+        self.num_features = 2 * width * pool * pool
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x)
@@ -91,7 +92,7 @@ def build_backbone(config: ModelConfig, input_shape: Sequence[int]) -> nn.Module
         )
     in_chans, height, wide = (int(s) for s in input_shape)
     if name == "tiny_cnn":
-        return TinyCNN(in_chans, width=width)
+        return TinyCNN(in_chans, width=width, pool=config.pool)
     import timm  # noqa: PLC0415  (slow to import; the tiny CNN and the MLP do not need it)
 
     if name.startswith("vit"):

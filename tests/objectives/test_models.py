@@ -38,6 +38,23 @@ def test_encoder_maps_a_batch_to_dim(backbone, shape):
     assert encoder.features(torch.randn(4, *shape)).shape == (4, encoder.backbone.num_features)
 
 
+def test_tiny_cnn_pool_grid_keeps_where_a_feature_is():
+    """model.pool=2: a 2 x 2 grid of each channel's average (4x the features). A blob moved from one quadrant of
+    the image to the opposite one moves to another grid cell; the global pool (pool=1) cannot tell the two apart
+    (on a zero background, shifted by a multiple of the stride, away from the border)."""
+    torch.manual_seed(0)
+    grid = build_backbone(ModelConfig(**{**BASE, "backbone": "tiny_cnn"}, pool=2), (1, 32, 32)).eval()
+    flat = build_backbone(ModelConfig(**{**BASE, "backbone": "tiny_cnn"}), (1, 32, 32)).eval()
+    flat.load_state_dict(grid.state_dict())
+    here, there = torch.zeros(2, 1, 1, 32, 32)
+    here[..., 8:10, 8:10] = 3.0
+    there[..., 20:22, 20:22] = 3.0
+    assert grid.num_features == 4 * flat.num_features == grid(here).shape[1] == 4 * 2 * BASE["width"]
+    assert torch.allclose(flat(here), flat(there), atol=1e-6) and flat(here).abs().max() > 0
+    assert not torch.allclose(grid(here), grid(there), atol=1e-3)
+    assert torch.allclose(grid(here).view(2 * BASE["width"], 2, 2).mean((1, 2)), flat(here)[0], atol=1e-6)
+
+
 def test_resnet_cifar_stem_keeps_resolution():
     plain = build_backbone(ModelConfig(backbone="resnet18"), (3, 32, 32))
     cifar = build_backbone(ModelConfig(backbone="resnet18", cifar_stem=True), (3, 32, 32))
