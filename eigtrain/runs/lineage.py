@@ -62,17 +62,24 @@ LINEAGE_KEYS = (
     ),
 )
 _ABSENT = "<absent>"
+# Settings added inside a lineage key after runs existed, with the value that does what the code did before them. A
+# run saved before a setting has no such key; the same model under today's code has it at this value: the same
+# lineage, so the compared value (and the identity's digest) leaves it out there. Any other value is a change.
+SINCE_ADDED = {"model": {"pool": 1}}  # the tiny CNN's global average pool, before model.pool
 
 
 def _value(cfg: DictConfig | ListConfig, key: str) -> Any:
     """The key's value, or _ABSENT where the saved config (an older run's) has no such key: a fact about the file
-    compared as such, not a default standing in for a setting."""
+    compared as such, not a default standing in for a setting (except SINCE_ADDED's, which are left out)."""
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(cfg, parent, throw_on_missing=False) if parent else cfg
     if not OmegaConf.is_dict(node) or leaf not in node:
         return _ABSENT
     value = OmegaConf.select(cfg, key, throw_on_missing=False)
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    if isinstance(value, dict) and key in SINCE_ADDED:
+        value = {k: v for k, v in value.items() if k not in SINCE_ADDED[key] or v != SINCE_ADDED[key][k]}
+    return value
 
 
 def changes(saved: DictConfig | ListConfig, new: DictConfig) -> dict[str, tuple[Any, Any]]:
