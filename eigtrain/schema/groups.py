@@ -47,8 +47,8 @@ class NestingConfig:
 class ModelConfig:
     backbone: str = "tiny_cnn"  # tiny_cnn | mlp | resnet18 | resnet50 | vit_tiny | vit_small | vit_base | timm:NAME
     width: int = 32  # tiny_cnn: channels of the first block (2 * width features); mlp: hidden width
-    pool: int = 1  # tiny_cnn: side of the average pool's output grid (2 * width * pool**2 features; 1: global)
     depth: int = 4  # mlp only: hidden layers
+    pool: int = 1  # tiny_cnn: side of the average pool's output grid (2 * width * pool**2 features; 1: global)
     cifar_stem: bool = False  # resnet only: 3x3 stride-1 first conv, no max-pool (32x32 images)
     patch_size: int = 16  # vit only: must divide the image size
     projector_hidden: int = 128  # width of the projector's hidden blocks (the paper's image runs: 2048)
