@@ -92,6 +92,8 @@ def build_backbone(config: ModelConfig, input_shape: Sequence[int]) -> nn.Module
         )
     in_chans, height, wide = (int(s) for s in input_shape)
     if name == "tiny_cnn":
+        if config.pool < 1:
+            raise ValueError(f"model.pool={config.pool} must be at least 1 (the side of the average pool's grid)")
         return TinyCNN(in_chans, width=width, pool=config.pool)
     import timm  # noqa: PLC0415  (slow to import; the tiny CNN and the MLP do not need it)
 

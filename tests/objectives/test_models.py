@@ -55,6 +55,11 @@ def test_tiny_cnn_pool_grid_keeps_where_a_feature_is():
     assert torch.allclose(grid(here).view(2 * BASE["width"], 2, 2).mean((1, 2)), flat(here)[0], atol=1e-6)
 
 
+def test_a_pool_below_one_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match="model.pool=0"):
+        build_backbone(ModelConfig(**{**BASE, "backbone": "tiny_cnn"}, pool=0), (1, 28, 28))
+
+
 def test_resnet_cifar_stem_keeps_resolution():
     plain = build_backbone(ModelConfig(backbone="resnet18"), (3, 32, 32))
     cifar = build_backbone(ModelConfig(backbone="resnet18", cifar_stem=True), (3, 32, 32))
