@@ -13,9 +13,16 @@ from typing import Any, Callable
 from eigtrain.cli import asks_for_help
 
 
-def _run(name: str, usage: str, check: Callable[[list[str]], Any], module: str, argv: list[str] | None) -> Any:
+def _run(
+    name: str,
+    usage: str,
+    check: Callable[[list[str]], Any],
+    module: str,
+    argv: list[str] | None,
+    ahead: Callable[[Any], None] | None = None,
+) -> Any:
     """`module`'s main(args) once the arguments pass `check`; else the exit status (0 after -h, 2 after one error
-    line). `module` (torch and all) is imported only then."""
+    line). `module` (torch and all) is imported only then; `ahead(checked)` starts work that needs no torch first."""
     import importlib
 
     from eigtrain.redact import redact_url
@@ -24,10 +31,12 @@ def _run(name: str, usage: str, check: Callable[[list[str]], Any], module: str, 
     if asks_for_help(args, usage):
         return 0
     try:
-        check(args)
+        checked = check(args)
     except ValueError as error:  # ConfigError and every one-line configuration refusal are ValueErrors
         print(redact_url(f"{name}: {error}"), file=sys.stderr)
         return 2
+    if ahead is not None:
+        ahead(checked)
     return importlib.import_module(module).main(args)
 
 
@@ -41,7 +50,20 @@ def _validated(schema: type) -> Callable[[list[str]], Any]:
 def rr(argv: list[str] | None = None) -> int:
     from eigtrain.export import rr_config as c
 
-    return _run("eigtrain-rr", c.USAGE, c.parse_args, "eigtrain.export.command", argv)
+    return _run("eigtrain-rr", c.USAGE, c.parse_args, "eigtrain.export.command", argv, _hash_embeddings_ahead)
+
+
+def _hash_embeddings_ahead(cfg: Any) -> None:
+    """eigtrain-rr embeddings=: the files' hash (the manifest's provenance, a second of CPU per 650 MB) runs while
+    torch is imported, on the core the import leaves idle, in the process that records it (rank 0: RANK, else
+    SLURM_PROCID, else a single process)."""
+    import os
+
+    from eigtrain.runs.checksums import hash_ahead
+
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    if cfg.embeddings and rank == "0" and os.path.exists(cfg.embeddings):
+        hash_ahead(cfg.embeddings)
 
 
 def evaluate(argv: list[str] | None = None) -> int:

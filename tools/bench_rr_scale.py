@@ -91,8 +91,10 @@ def fresh_reference(directory: Path) -> float:
 
 
 def command(directory: Path, out: Path) -> tuple[float, float]:
-    """(seconds, peak GiB of the child) of eigtrain-rr with its defaults."""
-    return child([sys.executable, "-m", "eigtrain.export.command", f"embeddings={directory}", f"out={out}"])
+    """(seconds, peak GiB of the child) of eigtrain-rr with its defaults, through its console script's entry point
+    (eigtrain.commands.rr: what users run; records before it ran `python -m eigtrain.export.command`)."""
+    entry = "import sys; from eigtrain.commands import rr; sys.exit(rr())"
+    return child([sys.executable, "-c", entry, f"embeddings={directory}", f"out={out}"])
 
 
 def main() -> None:

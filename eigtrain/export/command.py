@@ -21,7 +21,7 @@ from eigtrain.export.raw_span import paper_convention, paper_from_export
 from eigtrain.export.rayleigh_ritz import RRResult, centered, default_rtol, solve
 from eigtrain.export.rr_config import USAGE, EncoderConfig, EncoderDataConfig, RRJobConfig, parse_args  # noqa: F401
 from eigtrain.export.rr_lines import cuts_line, dimensions_line, ties_line, width_line
-from eigtrain.runs.checksums import file_sha256, files_sha256
+from eigtrain.runs.checksums import path_sha256
 from eigtrain.runs.run_step import describe
 
 
@@ -114,8 +114,9 @@ def _reduce(cfg: RRJobConfig, env, device: torch.device, pairs: bool) -> tuple:
     """The moments of cfg's source: (accumulator, the sample count expected, the source's description, out)."""
     if cfg.embeddings:
         path = Path(cfg.embeddings)
-        with ThreadPoolExecutor(1) as pool:  # the files' hash beside the moments' BLAS (hashlib frees the GIL)
-            digest = pool.submit(files_sha256 if path.is_dir() else file_sha256, path) if env.rank == 0 else None
+        with ThreadPoolExecutor(1) as pool:  # the files' hash beside the moments' BLAS (hashlib frees the GIL), or
+            # taken from eigtrain-rr's hash_ahead (started before torch was imported: eigtrain.commands.rr)
+            digest = pool.submit(path_sha256, path) if env.rank == 0 else None
             acc, expected = reduce_embeddings(cfg.embeddings, pairs, env.rank, env.world_size, folds=cfg.folds)
             sha256 = None if digest is None else digest.result()
         source: dict[str, Any] = {"kind": "embeddings", "path": str(path.resolve()), "sha256": sha256}

@@ -1,0 +1,58 @@
+"""eigtrain-rr embeddings=: the files' hash (the manifest's provenance) starts before torch is imported and is the
+hash the manifest records (issue 53: the import leaves a core idle)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from eigtrain.runs.checksums import file_sha256, files_sha256, hash_ahead, path_sha256
+
+SPY = """
+import sys
+import eigtrain.runs.checksums as checksums
+first = checksums.hash_ahead
+seen = []
+checksums.hash_ahead = lambda path: (seen.append("torch" in sys.modules), first(path))
+from eigtrain.commands import rr
+code = rr(sys.argv[1:])
+print("SEEN", seen)
+sys.exit(code)
+"""
+
+
+def test_the_hash_starts_before_torch_and_is_the_one_recorded(tmp_path):
+    rng = np.random.default_rng(0)
+    source = tmp_path / "pairs.npz"
+    np.savez(source, z1=rng.standard_normal((64, 4)), z2=rng.standard_normal((64, 4)))
+    out = tmp_path / "rr"
+    proc = subprocess.run(
+        [sys.executable, "-c", SPY, f"embeddings={source}", f"out={out}"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "SEEN [False]" in proc.stdout  # called once, torch not yet imported
+    recorded = json.loads((out / "manifest.json").read_text())["source"]["sha256"]
+    assert recorded == hashlib.sha256(source.read_bytes()).hexdigest()
+
+
+def test_a_hash_started_ahead_is_taken_once_and_equals_the_direct_one(tmp_path):
+    (tmp_path / "d").mkdir()
+    for name in ("a.npy", "b.npy"):
+        (tmp_path / "d" / name).write_bytes(name.encode() * 1000)
+    for path, direct in ((tmp_path / "d", files_sha256), (tmp_path / "d" / "a.npy", file_sha256)):
+        hash_ahead(path)
+        assert path_sha256(path) == direct(path)
+        (tmp_path / "d" / "a.npy").write_bytes(b"changed")  # taken once: the next call hashes the file as it is now
+        assert path_sha256(path) == direct(path)
+
+
+def test_an_error_ahead_is_raised_where_the_hash_is_taken(tmp_path):
+    missing = tmp_path / "gone.npz"
+    hash_ahead(missing)
+    with pytest.raises(FileNotFoundError):
+        path_sha256(missing)
