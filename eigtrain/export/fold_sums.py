@@ -193,21 +193,24 @@ class PooledFoldSums:
         assert self.shift is not None  # rows were added
         return n, self.shift + sf / n, self.shift + sg / n, gram, gram.clone(), cross
 
-    def projected(self, t: torch.Tensor, m: int, centre: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per fold, its moments about `centre` in the basis t, as `moments(i)` would give them and
-        rr_prefixes._projected_moments project them: (h^T G t, h^T K t), h = t[:, :m], G the Gram over both views
-        and K the symmetrized cross moment (each fold's own E[.]), without converting any fold. With u = sum (f - s)
-        + (g - s) and e = centre - s: 2n G = (P + M) / 2 + R and 2n K = (P - M) / 2 + R, R = 2n e e^T - u e^T - e u^T.
-        The products: P h and M h (the kept triangle), then one product of all of them with t."""
+    def leaks(self, t: torch.Tensor, m: int, centre: torch.Tensor, head_values: torch.Tensor) -> list[torch.Tensor]:
+        """Per fold, h^T K t - diag(lambda) h^T G t about `centre` in the basis t (h = t[:, :m], lambda =
+        head_values: the eigenvalues of h's columns; G the Gram over both views and K the symmetrized cross moment,
+        each fold's own E[.]), as rr_prefixes' test reads them, without converting any fold. With u = sum (f - s) +
+        (g - s) and e = centre - s: 2n G = (P + M) / 2 + R and 2n K = (P - M) / 2 + R, R = 2n e e^T - u e^T - e u^T,
+        so 2n (K - G lambda) = (P h (1 - lambda) - M h (1 + lambda)) / 2 + R (1 - lambda). The products: P h and M h
+        (the kept triangle), then one product of all the folds' with t (half the rows the Gram and the cross moment
+        would take apart)."""
         assert self.shift is not None  # rows were added
         head, e = t[:, :m], (centre - self.shift).to(t.dtype)
+        lam = head_values.to(t.dtype)
         stacked = []
         for plus, minus in zip(self.plus, self.minus):
             if plus is None or minus is None:
-                stacked += [torch.zeros_like(head)] * 2
+                stacked.append(torch.zeros_like(head))
                 continue
             ph, mh = _symmetric_times(plus, head), _symmetric_times(minus, head)
-            stacked += [(ph + mh).mul_(0.5), ph.sub_(mh).mul_(0.5)]
+            stacked.append(ph.mul_(0.5 * (1 - lam)).sub_(mh.mul_(0.5 * (1 + lam))))
         products = t_matmul(torch.cat(stacked, 1), t).split(m)  # (S h)^T t = h^T S t, S symmetric
         h_e, t_e = head.T @ e, t.T @ e
         out = []
@@ -216,8 +219,7 @@ class PooledFoldSums:
             rank_one = (
                 torch.outer(h_e, t_e).mul_(2 * n).sub_(torch.outer(head.T @ u, t_e)).sub_(torch.outer(h_e, t.T @ u))
             )
-            gram, cross = (products[2 * i + j].add_(rank_one).div_(max(2 * n, 1)) for j in (0, 1))
-            out.append((gram, cross))
+            out.append(products[i].add_(rank_one.mul_((1 - lam)[:, None])).div_(max(2 * n, 1)))
         return out
 
     def _total(self, parts: list, folds) -> torch.Tensor:

@@ -79,13 +79,13 @@ class RRAccumulator:
             return None
         return [fold.n + sum(sums.n[i] for sums in self._pending) for i, fold in enumerate(self._folds)]
 
-    def pending_projections(self, t: torch.Tensor, m: int, centre: torch.Tensor) -> list | None:
-        """Each fold's (t[:, :m]^T G t, t[:, :m]^T K t) about `centre` straight from the rows' sums
-        (PooledFoldSums.projected), when those hold all of every fold; None otherwise (the folds' accumulators do)."""
+    def pending_leaks(self, t: torch.Tensor, m: int, centre: torch.Tensor, head_values: torch.Tensor) -> list | None:
+        """Each fold's t[:, :m]^T K t - diag(head_values) t[:, :m]^T G t about `centre` straight from the rows' sums
+        (PooledFoldSums.leaks), when those hold all of every fold; None otherwise (the folds' accumulators do)."""
         self._sync()
         if self._folds is None or len(self._pending) != 1 or any(fold.n for fold in self._folds):
             return None
-        return self._pending[0].projected(t, m, centre)
+        return self._pending[0].leaks(t, m, centre, head_values)
 
     def _reset(self) -> None:
         d, e = self.dim, self.dim_right
@@ -97,7 +97,7 @@ class RRAccumulator:
     def _sync(self) -> None:
         """The whole's statistics from the rows' sums (the exact sum of the folds'), or as the exact merge of its
         folds' (after an all-reduce or a merge of folds). The folds' own are converted only when asked for
-        (`folds`): the per-cut test reads them projected, from the sums (`pending_projections`)."""
+        (`folds`): the per-cut test reads them projected, from the sums (`pending_leaks`)."""
         sums = self._sums
         if sums is not None and sums.rows:
             assert self._folds is not None  # kept together

@@ -10,8 +10,8 @@ whole's by dG, dK, and to first order the perturbed feature i gains the componen
 c_ji = (dK_ji - lambda_i dG_ji) / (lambda_i - lambda_j) along feature j (docs/export.md derives it);
 sum_f n_f c_ji^2 / (n (F - 1)) estimates the whole's squared coefficient, and the error at cut k sums it over i <= k < j
 (the components the top-k subspace gains outside itself). Per cut, never averaged over a prefix. The cuts after
-features 1 .. 256 are tested (two d x d x 256 products per fold, no eigendecomposition); any later cut is reported
-as untested, never as determined.
+features 1 .. 256 are tested (per fold two d x d x 256 products and one 256 x d x d, no eigendecomposition); any
+later cut is reported as untested, never as determined.
 
 The rule, undetermined at an estimated error >= 0.05 (about 13 degrees for one direction), was calibrated on
 ground truth only (two-view Gaussians with known eigenvalues, tests/export/test_rr_ground_truth.py): at an exact
@@ -49,17 +49,17 @@ def cut_errors(result: RRResult, acc: RRAccumulator) -> torch.Tensor | None:
     gap = lam[None, :] - lam[:m, None]  # (i, j): lambda_j - lambda_i
     tiny = torch.finfo(t.dtype).eps * max(1.0, float(lam.abs().max()))
     gap = torch.where(gap.abs() < tiny, torch.full_like(gap, tiny), gap)  # an exact tie: no order at all
-    inside = lam[:m, None]  # lambda_i of the feature (row i) whose leak into feature j (column) is measured
-    # each fold's moments about the whole's centre (the solve's), in the export's basis: the whole's are their
-    # average weighted by the folds' sizes (moments about one centre), so a fold differs from the whole by noise only
-    # (from the rows' sums when the folds were never converted: the same moments, in a quarter of the d x d work)
-    projected = acc.pending_projections(t, m, result.mean)
-    if projected is None:
-        projected = [_projected_moments(fold, t, m, result.mean) for fold in acc.folds or ()]
-    whole_gram, whole_cross = (sum(p[i] * (size / acc.n) for p, size in zip(projected, sizes)) for i in (0, 1))
+    # each fold's K - lambda_i G (row i: the feature whose leak into feature j, column j, is measured) about the
+    # whole's centre (the solve's), in the export's basis: the whole's is their average weighted by the folds' sizes
+    # (moments about one centre, linear in them), so a fold differs from the whole by noise only (from the rows'
+    # sums when the folds were never converted: the same values, in a fraction of the d x d work)
+    leaks = acc.pending_leaks(t, m, result.mean, lam[:m])
+    if leaks is None:
+        leaks = [_fold_leaks(fold, t, m, result.mean, lam[:m]) for fold in acc.folds or ()]
+    whole = sum(leak * (size / acc.n) for leak, size in zip(leaks, sizes))
     squared = torch.zeros_like(gap)
-    for (gram, cross), size in zip(projected, sizes):
-        coefficient = ((cross - whole_cross) - inside * (gram - whole_gram)) / gap  # c_ji, up to its sign
+    for leak, size in zip(leaks, sizes):
+        coefficient = (leak - whole) / gap  # c_ji = (dK_ji - lambda_i dG_ji) / (lambda_j - lambda_i), up to its sign
         # sum_f n_f (M_f - M)^2 / (F - 1) estimates n Var(M): the whole's own squared error, per entry
         squared += coefficient.square() * (size / (acc.n * (len(sizes) - 1)))
     squared[torch.arange(m), torch.arange(m)] = 0
@@ -70,9 +70,10 @@ def cut_errors(result: RRResult, acc: RRAccumulator) -> torch.Tensor | None:
     return right[k - 1, k]
 
 
-def _projected_moments(acc: RRAccumulator, t: torch.Tensor, m: int, centre: torch.Tensor):
-    """(t[:, :m]^T G t, t[:, :m]^T K t): acc's Gram over both views and symmetrized cross moment about `centre`, in
-    the basis t. The means' parts are rank one, projected as vectors: the d x d work is two sums and the products."""
+def _fold_leaks(acc: RRAccumulator, t: torch.Tensor, m: int, centre: torch.Tensor, head_values: torch.Tensor):
+    """t[:, :m]^T K t - diag(head_values) t[:, :m]^T G t: acc's symmetrized cross moment K and Gram G over both
+    views about `centre`, in the basis t. The means' parts are rank one, projected as vectors: the d x d work is
+    two sums and the products."""
     n, head = acc.n, t[:, :m]
     af, ag = acc.mean_f - centre, acc.mean_g - centre
     (hf, hg), (tf, tg) = ((x @ af, x @ ag) for x in (head.T, t.T))
@@ -82,7 +83,7 @@ def _projected_moments(acc: RRAccumulator, t: torch.Tensor, m: int, centre: torc
 
     gram = project(acc.c_ff + acc.c_gg) + (torch.outer(hf, tf) + torch.outer(hg, tg)) / 2
     cross = project(acc.c_fg + acc.c_fg.T) + (torch.outer(hf, tg) + torch.outer(hg, tf)) / 2
-    return gram, cross
+    return cross - head_values.to(t.dtype)[:, None] * gram
 
 
 def undetermined_cuts(errors: torch.Tensor | None) -> list[int]:

@@ -81,7 +81,7 @@ def test_folds_the_whole_and_the_cut_errors_equal_the_straightforward_computatio
 
     result = solve(acc)
     t, lam, centre = result.transform, result.eigenvalues, result.mean
-    assert acc.pending_projections(t, 3, centre) is not None  # the folds were never converted: the fast path
+    assert acc.pending_leaks(t, 3, centre, lam[:3]) is not None  # the folds were never converted: the fast path
     fast = cut_errors(result, acc)
     expected = _straight_cut_errors(z1, z2, folds, t.numpy(), lam.numpy(), centre.numpy())
     np.testing.assert_allclose(fast.numpy(), expected, rtol=1e-8)
@@ -91,7 +91,7 @@ def test_folds_the_whole_and_the_cut_errors_equal_the_straightforward_computatio
         assert fold.n == k
         np.testing.assert_allclose(fold.view_moments(center=True)[0].numpy(), gram, rtol=1e-11, atol=1e-11)
         np.testing.assert_allclose(fold.view_moments(center=True)[1].numpy(), cross, rtol=1e-11, atol=1e-11)
-    assert acc.pending_projections(t, 3, centre) is None
+    assert acc.pending_leaks(t, 3, centre, lam[:3]) is None
     np.testing.assert_allclose(cut_errors(result, acc).numpy(), expected, rtol=1e-8)
 
 
