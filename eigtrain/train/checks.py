@@ -35,6 +35,21 @@ def _positive_int(key: str, value: Any) -> None:
         raise ConfigError(f"{key} must be a positive integer, got {value!r}")
 
 
+def _check_backbone_options(model: g.ModelConfig) -> None:
+    """An option of one backbone family set on another would be ignored without a word: one line instead."""
+    _positive_int("model.pool", model.pool)
+    if model.pool != 1 and model.backbone != "tiny_cnn":
+        raise ConfigError(
+            f"model.pool={model.pool} is the tiny_cnn's pooled grid; model.backbone={model.backbone} pools as it is "
+            f"built: drop model.pool (or use backbone tiny_cnn)"
+        )
+    if model.cifar_stem and model.backbone not in ("resnet18", "resnet50"):
+        raise ConfigError(
+            f"model.cifar_stem=true replaces a ResNet's stem (resnet18, resnet50); model.backbone={model.backbone} "
+            f"has none: drop model.cifar_stem"
+        )
+
+
 def validate(cfg: DictConfig | TrainConfig, world_size: int) -> tuple[int, int]:
     """Check ``cfg`` for a job of ``world_size`` ranks; return (micro_batch_size, grad_accum_steps). ``cfg``: the
     job's TrainConfig (`train_config`, which also checks keys and types), or the composed config, converted here."""
@@ -48,6 +63,7 @@ def validate(cfg: DictConfig | TrainConfig, world_size: int) -> tuple[int, int]:
             check_timm_backbone(cfg.model.backbone)
         except ValueError as error:
             raise ConfigError(str(error)) from None
+    _check_backbone_options(cfg.model)
     check_pretrained(cfg.model)  # the weights are on this machine: else one line, before any work
     _choice("data.mode", cfg.data.mode, get_args(g.DataMode))
     _choice("data.augment", cfg.data.augment, get_args(g.AugmentPreset))

@@ -49,6 +49,9 @@ def cfg_with(*overrides):
         (["stop_after=-2"], 1, r"stop_after must be a positive integer, got -2"),
         (["+stepz=5"], 1, r"unknown key 'stepz'; allowed: .*steps"),
         (["+model.widht=5"], 1, r"unknown key 'model.widht'; allowed: .*width"),
+        (["model.pool=0"], 1, r"model.pool must be a positive integer, got 0"),
+        (["model=resnet18", "model.pool=3"], 1, r"model.pool=3 is the tiny_cnn's pooled grid; model.backbone=resnet18"),
+        (["model.cifar_stem=true"], 1, r"model.cifar_stem=true replaces a ResNet's stem .* model.backbone=tiny_cnn"),
     ],
 )
 def test_bad_configs_name_the_key_and_the_allowed_values(overrides, world, message):

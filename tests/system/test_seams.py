@@ -68,6 +68,7 @@ FOREIGN = [
     "data.augment=cifar",
     "data.shuffle_block=10",
     "batch_size=16",
+    "model.pool=2",  # RGB images through the tiny CNN's pooled grid (the Fashion-MNIST recipe's option)
 ]
 USER_MODEL = "module:tests.system.test_seams:make_encoder"
 
