@@ -55,13 +55,15 @@ def search(
     k = min(k, len(db) - exclude_self)
     if resolve_backend(backend) == "faiss":
         return _search_faiss(db, q, k, exclude_self)
-    out, block = [], max(1, block_elements // max(len(db), 1))
+    out, block = [], max(1, min(len(q), block_elements // max(len(db), 1)))
+    scores = torch.empty(block, len(db))  # one buffer for every block: fresh memory is costly to touch
     for s in range(0, len(q), block):
-        sims = q[s : s + block] @ db.T
+        part = q[s : s + block]
+        sims = torch.matmul(part, db.T, out=scores[: len(part)])
         if exclude_self:
             rows = torch.arange(len(sims))
             sims[rows, rows + s] = -float("inf")
-        out.append(sims.topk(k, dim=1).indices)
+        out.append(sims.max(1).indices[:, None] if k == 1 else sims.topk(k, dim=1).indices)  # max: no sort
     return torch.cat(out)
 
 
