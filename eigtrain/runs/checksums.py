@@ -38,10 +38,9 @@ def path_sha256(path: str | os.PathLike) -> str:
 
 def hash_ahead(path: str | os.PathLike) -> None:
     """Start `path_sha256(path)` in a daemon thread now, e.g. while torch is imported (one core idle: hashlib
-    releases the GIL); `path_sha256` of the same path takes its result (or its error)."""
+    releases the GIL); `path_sha256` of the same path takes its result (or its error). A later call replaces an
+    earlier one no `path_sha256` took (a command that stopped before reading its files: they may have changed)."""
     key = os.path.realpath(path)
-    if key in _AHEAD:
-        return
     future: Future = Future()
 
     def work() -> None:

@@ -56,3 +56,13 @@ def test_an_error_ahead_is_raised_where_the_hash_is_taken(tmp_path):
     hash_ahead(missing)
     with pytest.raises(FileNotFoundError):
         path_sha256(missing)
+
+
+def test_a_hash_started_again_replaces_one_never_taken(tmp_path):
+    """A command that stopped before reading its files leaves its hash untaken; the next one hashes them anew."""
+    path = tmp_path / "pairs.npz"
+    path.write_bytes(b"first")
+    hash_ahead(path)
+    path.write_bytes(b"second")
+    hash_ahead(path)
+    assert path_sha256(path) == hashlib.sha256(b"second").hexdigest()
