@@ -32,14 +32,16 @@ def _synced(name: str) -> property:
         return value
 
     def put(self, value):
+        self._sync()  # rows still in the sums would be merged over it when next read
         setattr(self, "_" + name, value)
 
     return property(get, put)
 
 
 class RRAccumulator:
-    """Streaming float64 statistics of pairs: count, means, centered co-moment sums. One that keeps folds holds what
-    one encoder on two views uses (eigtrain.export.fold_sums): c_ff + c_gg and the symmetric part of c_fg."""
+    """Streaming float64 statistics of pairs: count, means, centered co-moment sums. One encoder's (pairs=False)
+    holds what one encoder on two views uses (eigtrain.export.fold_sums): c_ff + c_gg and the symmetric part of c_fg
+    (c_ff and c_gg apart are not each view's own)."""
 
     def __init__(self, dim: int, pairs: bool = False, dim_right: int | None = None, device="cpu", folds: int = 0):
         if dim_right is not None and not pairs:
@@ -55,12 +57,13 @@ class RRAccumulator:
         # every update then says each row's fold, by something that does not depend on the ranks. Rows go into
         # their fold's sums only (eigtrain.export.fold_sums: half the products); the folds and the whole are made
         # from them when read (`_sync`). Their co-moments take at most FOLDS_BYTES: d = 8,192 keeps 5 folds
-        # (1.5 GiB each), d <= 4,096 keeps 8
+        # (1.5 GiB each), d <= 4,096 keeps 8. Without folds one encoder's rows go into the same sums as one fold
+        # (a third of the flops of f^T f, g^T g and f^T g per batch); two encoders' through `_batch_moments`
         keep = folds > 1 and not pairs
         folds = min(folds, max(2, FOLDS_BYTES // (24 * dim * self.dim_right)))
         self.fold_count = folds if keep else 0
         self._folds = tuple(RRAccumulator(dim, pairs, dim_right, device) for _ in range(folds)) if keep else None
-        self._sums = PooledFoldSums(folds, dim, device) if keep else None
+        self._sums = None if pairs else PooledFoldSums(self.fold_count or 1, dim, device)
         self._pending: list[PooledFoldSums] = []  # sums read into the whole, not yet into the folds' accumulators
         self._stale = False
 
@@ -100,12 +103,12 @@ class RRAccumulator:
         (`folds`): the per-cut test reads them projected, from the sums (`pending_leaks`)."""
         sums = self._sums
         if sums is not None and sums.rows:
-            assert self._folds is not None  # kept together
             self._sums = PooledFoldSums(sums.folds, self.dim, self.device)  # for rows added later
             sums.release()
             if not self._stale:  # the whole: its conversion reads every fold's sums
                 self._merge(*sums.moments(None), fresh=True)
-            self._pending.append(sums)
+            if self._folds is not None:
+                self._pending.append(sums)
         if self._stale:
             self._stale = False
             self._fill_folds()
@@ -141,7 +144,9 @@ class RRAccumulator:
         for z in (z1, z2):
             self.input_eps = max(self.input_eps, torch.finfo(z.dtype if z.is_floating_point() else F64).eps)
         if self._sums is not None:  # each row's products once, into its fold (which checks the values)
-            if fold is None or len(fold) != len(z1):
+            if self._folds is None:  # the sums' one fold
+                fold = torch.zeros(len(z1), dtype=torch.long)
+            elif fold is None or len(fold) != len(z1):
                 raise ValueError("an accumulator that keeps folds needs each row's fold")
             self._sums.add(z1, z2, fold.to(torch.long))  # read in their own dtype: converted as they are shifted
             return
@@ -164,7 +169,8 @@ class RRAccumulator:
         self.input_eps = max(self.input_eps, other.input_eps)
         dev = self.device
         self._merge(other.n, *(t.to(dev) for t in (other.mean_f, other.mean_g, other.c_ff, other.c_gg, other.c_fg)))
-        self._folds = self._sums = None  # the other part's rows have no (matching) folds: they would not cover the data
+        self._folds = None  # the other part's rows have no (matching) folds: they would not cover the data
+        self._sums = None if self.pairs else PooledFoldSums(1, self.dim, self.device)
         self._pending, self.fold_count = [], 0
 
     def _merge(self, nb, mf, mg, cff, cgg, cfg, fresh: bool = False) -> None:

@@ -16,6 +16,14 @@ from tests.support.runs import free_port
 F64 = torch.float64
 
 
+def held(acc) -> dict:
+    """What one encoder's accumulator holds (RRAccumulator): means, c_ff + c_gg and c_fg + c_fg^T (an accumulator
+    or its state_dict)."""
+    get = acc.__getitem__ if isinstance(acc, dict) else lambda key: getattr(acc, key)
+    ff, fg = get("c_ff") + get("c_gg"), get("c_fg") + get("c_fg").T
+    return {"mean_f": get("mean_f"), "mean_g": get("mean_g"), "c_ff + c_gg": ff, "c_fg + c_fg^T": fg}
+
+
 def test_streaming_and_merge_are_exact():
     gen = torch.Generator().manual_seed(0)
     z1 = torch.randn(1000, 5, generator=gen, dtype=F64) * 3 + 100.0  # large mean: centered sums keep precision
@@ -27,10 +35,11 @@ def test_streaming_and_merge_are_exact():
     left.merge(right)
     for acc in (streamed, left):
         assert acc.n == 1000
-        for key in ("mean_f", "mean_g", "c_ff", "c_gg", "c_fg"):
-            torch.testing.assert_close(getattr(acc, key), getattr(whole, key), rtol=1e-11, atol=1e-8)
-    centered = z1 - z1.mean(0)
-    torch.testing.assert_close(whole.c_ff, centered.T @ centered, rtol=1e-11, atol=1e-8)
+        for key, value in held(whole).items():
+            torch.testing.assert_close(held(acc)[key], value, rtol=1e-11, atol=1e-8, msg=key)
+    f, g = z1 - z1.mean(0), z2 - z2.mean(0)
+    torch.testing.assert_close(held(whole)["c_ff + c_gg"], f.T @ f + g.T @ g, rtol=1e-11, atol=1e-8)
+    torch.testing.assert_close(held(whole)["c_fg + c_fg^T"], f.T @ g + g.T @ f, rtol=1e-11, atol=1e-8)
 
 
 @pytest.mark.parametrize("center", [False, True])
@@ -182,5 +191,5 @@ def test_two_rank_all_reduce_equals_single_process(tmp_path):
     for rank in range(2):
         state = torch.load(tmp_path / f"rank{rank}.pt")
         assert state["n"] == 301
-        for key in ("mean_f", "mean_g", "c_ff", "c_gg", "c_fg"):
-            torch.testing.assert_close(state[key], getattr(single, key), rtol=1e-12, atol=1e-10)
+        for key, value in held(single).items():
+            torch.testing.assert_close(held(state)[key], value, rtol=1e-12, atol=1e-10, msg=key)
