@@ -10,6 +10,9 @@ float64 blocks of rows, a = z1 + z2 and b = z1 - z2, two rank-k updates, one sci
 Prints JSON: seconds (the best of the repeats, and each), the ratio of the bests command / reference (the issue's
 bar: <= 1.3 at d = 2048), the command's peak resident memory in GiB. --out appends one record (the commit, the
 command line, the load average before and after, the rows) to the JSON list in FILE.
+--parts adds, per d, what the command does that the reference does not, each in a fresh process timed the same way:
+`import torch` alone, the files' sha256 (the manifest's provenance), and the command with folds=0 (no per-cut test):
+where the gap to the reference goes (the `parts` of a row, best of the repeats).
 """
 
 from __future__ import annotations
@@ -97,19 +100,32 @@ def command(directory: Path, out: Path) -> tuple[float, float]:
     return child([sys.executable, "-c", entry, f"embeddings={directory}", f"out={out}"])
 
 
+def parts(directory: Path, out: Path) -> dict[str, float]:
+    """Seconds of the command's fixed costs the reference has not, each in a fresh process (see --parts)."""
+    digest = "from eigtrain.runs.checksums import path_sha256; path_sha256(" + repr(str(directory)) + ")"
+    entry = "import sys; from eigtrain.commands import rr; sys.exit(rr())"
+    no_cuts = [sys.executable, "-c", entry, f"embeddings={directory}", f"out={out}", "folds=0"]
+    return {
+        "python_import_torch_s": child([sys.executable, "-c", "import torch"])[0],
+        "python_sha256_of_files_s": child([sys.executable, "-c", digest])[0],
+        "eigtrain_rr_folds0_s": child(no_cuts)[0],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=40000)
     parser.add_argument("--dims", type=int, nargs="+", default=[512, 2048, 8192])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--parts", action="store_true", help="also time the command's fixed costs apart")
     args = parser.parse_args()
     load_before = os.getloadavg()
     rows = []
     for d in args.dims:
         with tempfile.TemporaryDirectory() as tmp:
             data = write_pairs(Path(tmp), args.n, d)
-            ours, theirs, peaks = [], [], []
+            ours, theirs, peaks, pieces = [], [], [], []
             for r in range(args.repeats):
                 seconds, peak = command(data, Path(tmp) / f"rr{r}")
                 ours.append(seconds)
@@ -128,6 +144,8 @@ def main() -> None:
                     flush=True,
                 )
                 theirs.append(fresh_reference(data))
+                if args.parts:
+                    pieces.append(parts(data, Path(tmp) / f"parts{r}"))
             row = {
                 "d": d,
                 "n": args.n,
@@ -138,6 +156,8 @@ def main() -> None:
                 "eigtrain_rr_s_each": [round(x, 2) for x in ours],  # every repeat, in the order run
                 "numpy_scipy_s_each": [round(x, 2) for x in theirs],
             }
+            if pieces:  # the best of the repeats, each part apart
+                row["parts"] = {k: round(min(p[k] for p in pieces), 2) for k in pieces[0]}
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.out:
