@@ -75,6 +75,9 @@ def test_the_export_reports_its_cuts(tmp_path, capsys):
     assert undetermined.count([1]) >= 2 and all(u in ([], [1]) for u in undetermined), undetermined
     assert rr_main([f"embeddings={tmp_path / 'emb.npz'}", f"out={tmp_path / 'rr2'}", "folds=0"]) == 0
     assert json.loads((tmp_path / "rr2" / "manifest.json").read_text())["cuts"] is None
+    with_folds, without = (load_file(str(tmp_path / d / "rr.safetensors")) for d in ("rr", "rr2"))
+    for key, value in with_folds.items():  # the folds add the report, never change the export
+        torch.testing.assert_close(without[key], value, rtol=0, atol=1e-10 * max(value.abs().max().item(), 1.0))
 
 
 def test_tie_groups_are_the_runs_between_determined_cuts():
