@@ -138,7 +138,8 @@ def embed_share(
     cfg: EmbedConfig, run: TrainedRun, head: OrderedHead, spec: dict, env, device: str, out: Path, resume: tuple
 ) -> tuple[int, int]:
     """Embed this rank's share of the split but the keys in `resume` (`resume_point`): (samples in the split,
-    chunks written now). Skipped samples are still read (the stream has no seek), not encoded."""
+    chunks written now). Skipped samples are still read (the stream has no seek); a batch of skipped samples only is
+    not encoded."""
     skip, index = resume
     data = run.data
     stream: Any = (
@@ -158,9 +159,12 @@ def embed_share(
         todo = [i for i, key in enumerate(batch["key"]) if key not in skip]
         if not todo:
             continue
-        images = _take(batch[field], todo)
-        x = normalize.view(images.to(device), None, 0, _take(batch.get("size"), todo))
-        rows.append(head(encoder(x).double(), spec["k"]).to(getattr(torch, spec["dtype"])).cpu())
+        # the whole batch, as a full run encodes it, then its new rows: a CPU kernel's result for a row can depend
+        # on the rows beside it (oneDNN's AVX-512 convolutions: 5e-6 apart), and a rerun must write what a full
+        # run writes, bit for bit. A rerun's cost: the done rows of the batches it resumes in.
+        x = normalize.view(batch[field].to(device), None, 0, batch.get("size"))
+        features = head(encoder(x).double(), spec["k"])
+        rows.append(_take(features, todo).to(getattr(torch, spec["dtype"])).cpu())
         keys += [batch["key"][i] for i in todo]
         while len(keys) >= cfg.chunk_size:  # full chunks as soon as they fill; the rest at the end
             features = torch.cat(rows)
