@@ -20,9 +20,11 @@ def _run(
     module: str,
     argv: list[str] | None,
     ahead: Callable[[Any], None] | None = None,
+    pass_checked: bool = False,
 ) -> Any:
     """`module`'s main(args) once the arguments pass `check`; else the exit status (0 after -h, 2 after one error
-    line). `module` (torch and all) is imported only then; `ahead(checked)` starts work that needs no torch first."""
+    line). `module` (torch and all) is imported only then; `ahead(checked)` starts work that needs no torch first.
+    pass_checked: main(args, checked), for a main that takes the checked configuration rather than compose it again."""
     import importlib
 
     from eigtrain.redact import redact_url
@@ -37,7 +39,8 @@ def _run(
         return 2
     if ahead is not None:
         ahead(checked)
-    return importlib.import_module(module).main(args)
+    main = importlib.import_module(module).main
+    return main(args, checked) if pass_checked else main(args)
 
 
 def _validated(schema: type) -> Callable[[list[str]], Any]:
@@ -50,7 +53,7 @@ def _validated(schema: type) -> Callable[[list[str]], Any]:
 def rr(argv: list[str] | None = None) -> int:
     from eigtrain.export import rr_config as c
 
-    return _run("eigtrain-rr", c.USAGE, c.parse_args, "eigtrain.export.command", argv, _hash_embeddings_ahead)
+    return _run("eigtrain-rr", c.USAGE, c.parse_args, "eigtrain.export.command", argv, _hash_embeddings_ahead, True)
 
 
 def _hash_embeddings_ahead(cfg: Any) -> None:

@@ -32,7 +32,15 @@ import torch
 
 from eigtrain.export.moments import RRAccumulator, t_matmul
 from eigtrain.export.rr_config import MODES, TRIVIAL  # noqa: F401  (the configuration's names)
-from eigtrain.export.whitening import cho_solve, cholesky_whitener, descending_eigh, ridged, unwhitened, whitened
+from eigtrain.export.whitening import (
+    cho_solve,
+    cholesky,
+    cholesky_whitener,
+    descending_eigh,
+    ridged,
+    unwhitened,
+    whitened,
+)
 
 IN_SPAN_TOL = 1e-6  # mean-square residual below which the span counts as holding the constant
 F64 = torch.float64
@@ -120,8 +128,8 @@ def constant_readout(
         spread = 1 + float(mean @ x)
         return x / spread, 1 / spread
     if full_rank and live.all():
-        factor, info = torch.linalg.cholesky_ex((raw_gram + raw_gram.T) / 2)
-        if int(info) == 0:
+        factor = cholesky(raw_gram)
+        if factor is not None:
             w = cho_solve(factor, mean[:, None])[:, 0]
             return w, float((1 - mean @ w).clamp_min(0))
     if live.any():

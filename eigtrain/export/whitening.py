@@ -22,6 +22,20 @@ def ridged(gram: torch.Tensor, ridge: float) -> torch.Tensor:
     return gram + ridge * (torch.trace(gram) / d) * torch.eye(d, dtype=F64, device=gram.device)
 
 
+def cholesky(sym: torch.Tensor) -> torch.Tensor | None:
+    """The lower Cholesky factor of the symmetric part of sym, None where it is not positive definite. On the CPU
+    LAPACK's potrf through scipy (the pass's other factorizations' library and threads), elsewhere torch's."""
+    sym = (sym + sym.T) / 2
+    if sym.device.type != "cpu":
+        factor, info = torch.linalg.cholesky_ex(sym)
+        return factor if int(info) == 0 else None
+    from scipy.linalg.lapack import dpotrf
+
+    # sym is symmetric: its transpose, column-major, is factored in place (no copy)
+    factor, info = dpotrf(sym.numpy().T, lower=1, clean=1, overwrite_a=1)
+    return torch.from_numpy(factor) if info == 0 else None
+
+
 def cho_solve(factor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """G^-1 x from G's lower Cholesky factor: two triangular solves."""
     if factor.device.type != "cpu":
@@ -68,8 +82,8 @@ def cholesky_whitener(gram: torch.Tensor, ridge: float, rtol: float, n: int) -> 
     d = len(g)
     if d >= n:
         return None
-    factor, info = torch.linalg.cholesky_ex((g + g.T) / 2)
-    if int(info) != 0:
+    factor = cholesky(g)
+    if factor is None:
         return None
     if d <= 2:  # Lanczos needs d > 2: the eigenvalues themselves
         smallest, largest = (float(v) for v in torch.linalg.eigvalsh((g + g.T) / 2)[[0, -1]])

@@ -95,13 +95,14 @@ def test_folds_the_whole_and_the_cut_errors_equal_the_straightforward_computatio
     np.testing.assert_allclose(cut_errors(result, acc).numpy(), expected, rtol=1e-8)
 
 
-def test_non_finite_rows_are_refused_before_any_fold_changes():
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_non_finite_rows_are_refused_before_any_fold_changes(value):
     z1, z2 = _pairs(n=1200)
     folds = np.arange(len(z1)) % FOLDS
     acc = _accumulate(z1[:600], z2[:600], folds[:600], batches=(600,))
     before = acc.fold_sizes, acc.view_moments(center=True)
     bad = z2[600:].copy()
-    bad[-1, 3] = np.nan  # the batch's last row: its fold comes after others were already read
+    bad[-1, 3] = value  # the batch's last row: its fold comes after others were already read
     with pytest.raises(ValueError, match="non-finite"):
         acc.update(torch.from_numpy(z1[600:]), torch.from_numpy(bad), fold=torch.from_numpy(folds[600:]))
     assert acc.fold_sizes == before[0]

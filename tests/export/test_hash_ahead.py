@@ -1,5 +1,6 @@
-"""eigtrain-rr embeddings=: the files' hash (the manifest's provenance) starts before torch is imported and is the
-hash the manifest records (issue 53: the import leaves a core idle)."""
+"""eigtrain-rr embeddings=, the command's fixed costs (issue 53): the files' hash (the manifest's provenance) starts
+before torch is imported and is the hash the manifest records (the import leaves a core idle); the command line is
+composed once; the pass leaves torch's thread count as it found it."""
 
 from __future__ import annotations
 
@@ -19,9 +20,12 @@ import eigtrain.runs.checksums as checksums
 first = checksums.hash_ahead
 seen = []
 checksums.hash_ahead = lambda path: (seen.append("torch" in sys.modules), first(path))
+import eigtrain.export.rr_config as rr_config
+compose, parsed = rr_config.compose_dataclass, []  # what parse_args calls, wherever it is called from
+rr_config.compose_dataclass = lambda *a: (parsed.append(1), compose(*a))[1]
 from eigtrain.commands import rr
 code = rr(sys.argv[1:])
-print("SEEN", seen)
+print("SEEN", seen, "PARSED", len(parsed))
 sys.exit(code)
 """
 
@@ -36,6 +40,7 @@ def test_the_hash_starts_before_torch_and_is_the_one_recorded(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "SEEN [False]" in proc.stdout  # called once, torch not yet imported
+    assert "PARSED 1" in proc.stdout  # the checked configuration is the one the command runs
     recorded = json.loads((out / "manifest.json").read_text())["source"]["sha256"]
     assert recorded == hashlib.sha256(source.read_bytes()).hexdigest()
 
@@ -66,3 +71,19 @@ def test_a_hash_started_again_replaces_one_never_taken(tmp_path):
     path.write_bytes(b"second")
     hash_ahead(path)
     assert path_sha256(path) == hashlib.sha256(b"second").hexdigest()
+
+
+def test_the_pass_leaves_torch_threads_as_it_found_them(tmp_path):
+    import torch
+
+    from eigtrain.export.command import main
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "pairs.npz", z1=rng.standard_normal((64, 4)), z2=rng.standard_normal((64, 4)))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert main([f"embeddings={tmp_path / 'pairs.npz'}", f"out={tmp_path / 'rr'}"]) == 0
+        assert torch.get_num_threads() == 2  # one while the pass ran its BLAS (eigtrain.export.command)
+    finally:
+        torch.set_num_threads(before)
