@@ -40,7 +40,20 @@ def _run(
     if ahead is not None:
         ahead(checked)
     main = importlib.import_module(module).main
-    return main(args, checked) if pass_checked else main(args)
+    try:
+        return main(args, checked) if pass_checked else main(args)
+    finally:
+        if argv is None:  # a console script: its process ends next
+            _skip_the_last_collections()
+
+
+def _skip_the_last_collections() -> None:
+    """The interpreter's collections at exit walk every object torch made: 0.35 s of a 1.5-s `import torch` process
+    on 2 cores, 0.5-0.8 s after eigtrain-rr. Frozen objects are never collected: what they hold goes back to the
+    system with the process (exit handlers still run: logging, wandb, multiprocessing)."""
+    import gc
+
+    gc.freeze()
 
 
 def _validated(schema: type) -> Callable[[list[str]], Any]:

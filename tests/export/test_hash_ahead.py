@@ -1,6 +1,7 @@
 """eigtrain-rr embeddings=, the command's fixed costs (issue 53): the files' hash (the manifest's provenance) starts
 before torch is imported and is the hash the manifest records (the import leaves a core idle); the command line is
-composed once; the pass leaves torch's thread count as it found it."""
+composed once; the pass leaves torch's thread count as it found it; the console script's process skips the
+interpreter's last collections."""
 
 from __future__ import annotations
 
@@ -87,3 +88,20 @@ def test_the_pass_leaves_torch_threads_as_it_found_them(tmp_path):
         assert torch.get_num_threads() == 2  # one while the pass ran its BLAS (eigtrain.export.command)
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_console_script_freezes_what_its_process_ends_with(tmp_path, monkeypatch):
+    import gc
+
+    from eigtrain.commands import rr
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "pairs.npz", z1=rng.standard_normal((64, 4)), z2=rng.standard_normal((64, 4)))
+    args = [f"embeddings={tmp_path / 'pairs.npz'}"]
+    gc.unfreeze()
+    try:
+        assert rr([*args, f"out={tmp_path / 'called'}"]) == 0 and gc.get_freeze_count() == 0  # a caller's process
+        monkeypatch.setattr(sys, "argv", ["eigtrain-rr", *args, f"out={tmp_path / 'script'}"])
+        assert rr() == 0 and gc.get_freeze_count() > 0  # the console script's: it ends next
+    finally:
+        gc.unfreeze()
