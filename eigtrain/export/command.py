@@ -137,9 +137,9 @@ def _reduce(cfg: RRJobConfig, env, device: torch.device, pairs: bool) -> tuple:
 
 @contextlib.contextmanager
 def one_torch_thread(on: bool):
-    """One torch thread while `on`: on the CPU the pass's products and factorizations run in numpy/scipy's BLAS and
-    LAPACK (their own threads, eigtrain.export.whitening); torch's pool, waking for the small elementwise steps
-    between them, spun beside those threads (1.3 s of CPU and 0.3 s of wall time in a 9-s pass at d = 2,048)."""
+    """One torch thread while `on`: embedding files' moments are numpy/scipy's products (their own BLAS threads,
+    eigtrain.export.fold_sums); torch's pool, waking for the small steps between them, spun beside those threads.
+    The solve keeps torch's threads: its d x d passes need them at large d (d = 8,192: 14 s slower on one)."""
     before = torch.get_num_threads()
     if on:
         torch.set_num_threads(1)
@@ -152,16 +152,14 @@ def one_torch_thread(on: bool):
 def _solve_and_save(cfg: RRJobConfig, env, device: torch.device) -> dict:
     if env.rank == 0:  # the decay plot's imports load while the moments' BLAS runs (1-1.5 s of a short pass)
         threading.Thread(target=warm_plot_imports, daemon=True).start()
-    on_cpu = device.type == "cpu"
-    with one_torch_thread(on_cpu and bool(cfg.embeddings)):  # an encoder's forward passes keep torch's threads
+    with one_torch_thread(device.type == "cpu" and bool(cfg.embeddings)):  # an encoder's forward keeps them
         acc, expected, source, out = _reduce(cfg, env, device, pairs=cfg.mode == "svd")
     acc.all_reduce()
     if acc.n != expected:
         raise RuntimeError(
             f"Rayleigh-Ritz saw {acc.n} samples but the source holds {expected}: samples were lost or duplicated"
         )
-    with one_torch_thread(on_cpu):
-        result = solve_both_conventions(acc, cfg)
+    result = solve_both_conventions(acc, cfg)
     width = result.transform.shape[1]
     summary = {
         "out": str(out),

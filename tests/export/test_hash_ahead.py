@@ -85,7 +85,7 @@ def test_the_pass_leaves_torch_threads_as_it_found_them(tmp_path):
     torch.set_num_threads(2)
     try:
         assert main([f"embeddings={tmp_path / 'pairs.npz'}", f"out={tmp_path / 'rr'}"]) == 0
-        assert torch.get_num_threads() == 2  # one while the pass ran its BLAS (eigtrain.export.command)
+        assert torch.get_num_threads() == 2  # one while the moments were summed (eigtrain.export.command)
     finally:
         torch.set_num_threads(before)
 
