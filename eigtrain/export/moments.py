@@ -260,11 +260,18 @@ class RRAccumulator:
         """One encoder on two views: (Gram over both views, symmetrized cross moment), raw or centered (about the
         pooled mean). Both views sample the same marginal, and T is self-adjoint: the estimate is symmetrized. Made
         from the sums directly: no per-view d x d moment on the way."""
+        af, ag = self._view_offsets(center)
+        cross = (self.c_fg + self.c_fg.T).div_(2 * self.n).addr_(af, ag, alpha=0.5).addr_(ag, af, alpha=0.5)
+        return self.view_gram(center), cross
+
+    def view_gram(self, center: bool) -> torch.Tensor:
+        """view_moments' Gram alone (no d x d pass spent on the cross moment)."""
+        af, ag = self._view_offsets(center)
+        return (self.c_ff + self.c_gg).div_(2 * self.n).addr_(af, af, alpha=0.5).addr_(ag, ag, alpha=0.5)
+
+    def _view_offsets(self, center: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each view's mean less the centre (the pooled mean, or 0 for raw moments)."""
         if self.n < 2:
             raise ValueError(f"Rayleigh-Ritz needs at least 2 pairs, got {self.n}")
         pooled = (self.mean_f + self.mean_g) / 2
-        af, ag = (self.mean_f - pooled, self.mean_g - pooled) if center else (self.mean_f, self.mean_g)
-        n = self.n
-        gram = (self.c_ff + self.c_gg).div_(2 * n).addr_(af, af, alpha=0.5).addr_(ag, ag, alpha=0.5)
-        cross = (self.c_fg + self.c_fg.T).div_(2 * n).addr_(af, ag, alpha=0.5).addr_(ag, af, alpha=0.5)
-        return gram, cross
+        return (self.mean_f - pooled, self.mean_g - pooled) if center else (self.mean_f, self.mean_g)

@@ -131,7 +131,7 @@ def raw_solve_full_rank(acc: RRAccumulator, result: RRResult, rtol: float) -> bo
         largest = ends["largest"] + float((mean.square() / raw_diag).sum())
         if smallest > WHITENER_MARGIN * rtol * largest:
             return True
-    raw = acc.view_moments(False)[0]
+    raw = acc.view_gram(False)
     diag = torch.diagonal(raw)
     if not bool((diag > torch.finfo(torch.float64).tiny).all()):
         return False

@@ -38,8 +38,7 @@ from eigtrain.export.whitening import (
     cholesky_whitener,
     descending_eigh,
     ridged,
-    unwhitened,
-    whitened,
+    whitened_eigh,
 )
 
 IN_SPAN_TOL = 1e-6  # mean-square residual below which the span counts as holding the constant
@@ -236,7 +235,7 @@ def solve(
     gram, cross = acc.view_moments(center)
     pooled = (acc.mean_f + acc.mean_g) / 2  # one encoder: both views share one mean
     mf = pooled if center else torch.zeros_like(pooled)
-    raw = acc.view_moments(False)[0] if center else gram  # the raw Gram over both views
+    raw = acc.view_gram(False) if center else gram  # the raw Gram over both views
     dead = None
     if mode == "generalized" and ridge == 0:  # the exact solve on unit-variance coordinates: no cut depends on scales
         dead, scale = _equilibrator(gram, raw, rtol)
@@ -254,8 +253,7 @@ def solve(
     if ends is not None and scale is not None:  # raw_span reads the raw solve's rank off them
         extra["gram_ends"] = {"smallest": ends.smallest, "largest": ends.largest, "scale": scale}
     if mode == "generalized" and whitener is not None:  # the exact solve, the Gram of full rank: W = L^-T
-        values, y = descending_eigh(whitened(cross, whitener))
-        transform = unwhitened(whitener, y)
+        values, transform = whitened_eigh(cross, whitener)
         evals = torch.ones(len(gram), dtype=F64)  # only its size is used below
     elif mode == "generalized":  # the exact solve: whiten by the Gram on its range, then K's eigenbasis there
         w = evecs * evals.rsqrt()
