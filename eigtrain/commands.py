@@ -49,7 +49,7 @@ def _run(
 
 def _skip_the_last_collections() -> None:
     """The interpreter's collections at exit walk every object torch made: 0.35 s of a 1.5-s `import torch` process
-    on 2 cores, 0.5-0.8 s after eigtrain-rr. Frozen objects are never collected: what they hold goes back to the
+    on 2 cores, ~0.4 s after eigtrain-rr. Frozen objects are never collected: what they hold goes back to the
     system with the process (exit handlers still run: logging, wandb, multiprocessing)."""
     import gc
 
