@@ -38,7 +38,7 @@ from eigtrain.schema import ConfigError, DataConfig, TrainConfig, train_config
 from eigtrain.train import random_state
 from eigtrain.train.checks import batch_split, decide_normalization, validate
 from eigtrain.train.compose import CONFIG_PACKAGE, compose_config  # noqa: F401  (tools, tests, launchers)
-from eigtrain.train.failures import failure_line
+from eigtrain.train.failures import failure_line, quiet_sharer_reports
 from eigtrain.train.metrics_log import MetricsLog, Progress, Reporter, stable_run_id, write_run_records
 from eigtrain.train.monitor import build_monitor
 from eigtrain.train.state import RankState, TrainState
@@ -61,6 +61,7 @@ def run(
     else here): the components take parts of its TrainConfig; the composed config is kept for the records
     (config.yaml, lineage, metrics)."""
     env = dist.resolve_env()
+    quiet_sharer_reports()  # a dead data worker is one line, not a sharer thread's traceback before it
     cfg = converted if converted is not None else train_config(composed)  # the one conversion
     micro_batch, accum = batches or validate(cfg, env.world_size)  # before any expensive work
     nest, coefficients = cfg.nesting, {k: v for k, v in vars(cfg.objective).items() if k != "name"}

@@ -52,3 +52,32 @@ def _dead_worker(exn: BaseException) -> str:
         f"eigtrain-train: data error: {what}: a data worker died (killed for memory?); run the same command again "
         f"to resume from the last checkpoint, with fewer data.num_workers if it recurs"
     )
+
+
+def quiet_sharer_reports() -> None:
+    """A data worker killed while it fetched a shared tensor's file descriptor breaks multiprocessing's resource
+    sharer connection in this process, and the sharer's thread reports that through sys.excepthook as a traceback,
+    while the run goes on to name the dead worker in one line (`_dead_worker`). Such reports are dropped; any other
+    goes to the hook as before. Installed once."""
+    import sys
+
+    previous = sys.excepthook
+    if getattr(previous, "quiets_sharer", False):
+        return
+
+    def hook(kind, value, tb):
+        if issubclass(kind, (OSError, EOFError)) and _raised_in(tb, "multiprocessing/resource_sharer.py"):
+            return
+        previous(kind, value, tb)
+
+    hook.quiets_sharer = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def _raised_in(tb, file: str) -> bool:
+    """Whether a frame of the traceback runs in `file` (a path's tail)."""
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith(file):
+            return True
+        tb = tb.tb_next
+    return False
