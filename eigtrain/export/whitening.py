@@ -95,38 +95,16 @@ def cholesky_whitener(gram: torch.Tensor, ridge: float, rtol: float, n: int) -> 
     return Whitener(factor, smallest, largest)
 
 
-def whitened(cross: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """W^T K W = L^-1 K L^-T for symmetric K: LAPACK's sygst on the CPU (d^3 flops, the reduction
-    scipy.linalg.eigh(K, G) makes; two triangular solves took twice that), two triangular solves elsewhere."""
-    if cross.device.type != "cpu":
-        x = torch.linalg.solve_triangular(factor, cross, upper=False)
-        return torch.linalg.solve_triangular(factor, x.T, upper=False)
-    from scipy.linalg.lapack import dsygst
-
-    reduced, info = dsygst(cross.numpy(), factor.numpy(), itype=1, lower=1)
-    if info != 0:
-        raise RuntimeError(f"LAPACK dsygst failed (info {info})")
-    lower = torch.from_numpy(reduced).tril()  # sygst writes the lower triangle only
-    return lower + lower.tril(-1).T
-
-
-def unwhitened(factor: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """W y = L^-T y: one triangular solve."""
-    if y.device.type != "cpu":
-        return torch.linalg.solve_triangular(factor.T, y, upper=True)
-    from scipy.linalg import solve_triangular
-
-    return torch.from_numpy(solve_triangular(factor.numpy(), y.numpy(), trans="T", lower=True, check_finite=False))
-
-
 def whitened_eigh(cross: torch.Tensor, factor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(eigenvalues, descending; W y): the generalized eigenpairs of (K, G) from G's lower Cholesky factor L
     (W = L^-T). On the CPU LAPACK's sygst reduces K to L^-1 K L^-T and syevd decomposes it in place, both reading one
-    triangle (nothing symmetrized, flipped or copied between them: five d x d passes fewer), then one triangular
-    solve; elsewhere `whitened`, `descending_eigh` and `unwhitened`."""
+    triangle (nothing symmetrized, flipped or copied between them: five d x d passes fewer; sygst is d^3 flops, the
+    reduction scipy.linalg.eigh(K, G) makes, where two triangular solves take twice that), then one triangular solve.
+    Elsewhere torch's: two triangular solves, eigh, one back."""
     if cross.device.type != "cpu":
-        values, y = descending_eigh(whitened(cross, factor))
-        return values, unwhitened(factor, y)
+        x = torch.linalg.solve_triangular(factor, cross, upper=False)
+        values, y = descending_eigh(torch.linalg.solve_triangular(factor, x.T, upper=False))
+        return values, torch.linalg.solve_triangular(factor.T, y, upper=True)
     import scipy.linalg
     from scipy.linalg.lapack import dsygst
 
