@@ -18,6 +18,7 @@ from eigtrain.dist.group import (
     init_distributed,
     is_rank_zero,
     select_device,
+    torch_threads,
 )
 from eigtrain.dist.signals import (
     _StopState,
@@ -34,6 +35,7 @@ from eigtrain.dist.slurm_nodes import expand_nodelist, expand_tasks_per_node
 __all__ = [
     "SINGLE_PROCESS_PORT", "SLURM_PORT_BASE", "SLURM_PORT_SPAN", "DistEnv", "resolve_env", "all_ranks_any",
     "backend_for", "barrier", "broadcast_object", "destroy", "init_distributed", "is_rank_zero", "select_device",
+    "torch_threads",
     "install_stop_handler", "requeue_requested", "stop_requested", "stopped", "expand_nodelist",
     "stop_at_step_boundary", "stop_signal", "leave_after_stop",
     "expand_tasks_per_node",

@@ -1,7 +1,9 @@
-"""The process group and the few collectives every command shares; the device each process computes on."""
+"""The process group and the few collectives every command shares; the device and CPU threads each process
+computes with."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from datetime import timedelta
 
@@ -103,3 +105,16 @@ def all_ranks_any(*flags: bool) -> list[bool]:
 def destroy() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None):
+    """torch's intra-op threads set to `count` while the block runs (None: as they are), then as they were: a
+    caller's process (tests, tools) keeps its own setting."""
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

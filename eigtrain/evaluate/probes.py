@@ -4,13 +4,13 @@ suggests. Pure tensor code: eigtrain-eval (`eigtrain.evaluate.command`) and the 
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Mapping
 
 import numpy as np
 import torch
 
+from eigtrain.dist import torch_threads
 from eigtrain.export.prefixes import spectral_k_report
 
 F32 = torch.float32
@@ -95,18 +95,11 @@ def probe_correct(
     return ((test_b @ w).argmax(-1) == test_y.long()).to(F32)
 
 
-@contextlib.contextmanager
 def _threads_for(step_elements: int, small: int = 1 << 22):
     """One thread for a probe whose steps are small products: 50 epochs at 60,000 samples are 11,750 steps of a
     few microseconds each, and waking a second thread for each costs more than it saves (measured on 2 cores under
     load: 2 epochs of a 4-feature probe 10.8 s with two threads, 0.54 s with one). Large steps keep every thread."""
-    before = torch.get_num_threads()
-    if step_elements < small:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    return torch_threads(1 if step_elements < small else None)
 
 
 def _sgd_probe(xb, onehot, epochs, lr, momentum, weight_decay, batch_size, seed) -> torch.Tensor:

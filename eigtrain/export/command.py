@@ -3,7 +3,6 @@ configuration are eigtrain.export.rr_config (checked before this module, and tor
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -135,24 +134,13 @@ def _reduce(cfg: RRJobConfig, env, device: torch.device, pairs: bool) -> tuple:
     return acc, expected, source, Path(cfg.out or default_out)
 
 
-@contextlib.contextmanager
-def one_torch_thread(on: bool):
-    """One torch thread while `on`: embedding files' moments are numpy/scipy's products (their own BLAS threads,
-    eigtrain.export.fold_sums); torch's pool, waking for the small steps between them, spun beside those threads.
-    The solve keeps torch's threads: its d x d passes need them at large d (d = 8,192: 14 s slower on one)."""
-    before = torch.get_num_threads()
-    if on:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _solve_and_save(cfg: RRJobConfig, env, device: torch.device) -> dict:
     if env.rank == 0:  # the decay plot's imports load while the moments' BLAS runs (1-1.5 s of a short pass)
         threading.Thread(target=warm_plot_imports, daemon=True).start()
-    with one_torch_thread(device.type == "cpu" and bool(cfg.embeddings)):  # an encoder's forward keeps them
+    # embedding files' moments are numpy/scipy's products (their own BLAS threads): torch's pool, waking for the small
+    # steps between them, spun beside those threads (1.3 s of CPU at d = 2,048), so one torch thread. An encoder's
+    # forward passes keep torch's threads, and so does the solve (its d x d passes: 14 s slower on one at 8,192)
+    with edist.torch_threads(1 if device.type == "cpu" and cfg.embeddings else None):
         acc, expected, source, out = _reduce(cfg, env, device, pairs=cfg.mode == "svd")
     acc.all_reduce()
     if acc.n != expected:
