@@ -235,7 +235,8 @@ def solve(
     gram, cross = acc.view_moments(center)
     pooled = (acc.mean_f + acc.mean_g) / 2  # one encoder: both views share one mean
     mf = pooled if center else torch.zeros_like(pooled)
-    raw = acc.view_gram(False) if center else gram  # the raw Gram over both views
+    # the raw Gram over both views: the centered one plus the pooled mean's outer product (no second pass over the sums)
+    raw = gram.clone().addr_(pooled, pooled) if center else gram
     dead = None
     if mode == "generalized" and ridge == 0:  # the exact solve on unit-variance coordinates: no cut depends on scales
         dead, scale = _equilibrator(gram, raw, rtol)
